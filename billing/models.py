@@ -1,0 +1,177 @@
+"""SQLAlchemy 2 typed models: tenants, API keys, prices, the usage ledger, invoices.
+
+Money is stored as integer picodollars (1e-12 USD) so that SQLite and PostgreSQL
+add it up exactly; :mod:`billing.money` converts to and from ``Decimal``. Prices
+are per 1M tokens; a price row takes effect at ``effective_from`` and is never
+rewritten, so a ledger row always rates against the price in force at its time.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ServedBy(enum.StrEnum):
+    SEMANTIC = "semantic"
+    ENGINE = "engine"
+
+
+class RequestStatus(enum.StrEnum):
+    OK = "ok"
+    UPSTREAM_ERROR = "upstream_error"
+    CLIENT_DISCONNECT = "client_disconnect"
+
+
+class InvoiceStatus(enum.StrEnum):
+    CLOSED = "closed"
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Per-tenant cache policy (NULL = server default).
+    semantic_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
+    semantic_allow_sampled: Mapped[bool] = mapped_column(Boolean, default=False)
+    kv_reserved_blocks: Mapped[int] = mapped_column(Integer, default=0)
+
+    keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # "key_" + random
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    display_prefix: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Per-key rate limits (NULL = server default).
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    tenant: Mapped[Tenant] = relationship(back_populates="keys")
+
+
+class Price(Base):
+    __tablename__ = "prices"
+    __table_args__ = (UniqueConstraint("model", "effective_from"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    # Picodollars per token == microdollars per 1M tokens.
+    input_pico: Mapped[int] = mapped_column(BigInteger)
+    cached_input_pico: Mapped[int] = mapped_column(BigInteger)
+    output_pico: Mapped[int] = mapped_column(BigInteger)
+    # Parts per million of the uncached price billed for a semantic hit.
+    semantic_hit_ppm: Mapped[int] = mapped_column(Integer)
+    effective_from: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class UsageRecord(Base):
+    """One row per accepted request, written exactly once (unique ``request_id``)."""
+
+    __tablename__ = "usage_ledger"
+    __table_args__ = (
+        Index("ix_usage_ledger_tenant_created", "tenant_id", "created_at"),
+        Index("ix_usage_ledger_invoice", "invoice_id"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    request_id: Mapped[str] = mapped_column(String(36), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    model: Mapped[str] = mapped_column(String(128))
+    served_by: Mapped[ServedBy] = mapped_column(
+        Enum(ServedBy, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+    )
+    status: Mapped[RequestStatus] = mapped_column(
+        Enum(
+            RequestStatus,
+            native_enum=False,
+            length=32,
+            values_callable=lambda e: [m.value for m in e],
+        )
+    )
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    similarity: Mapped[float | None] = mapped_column(Float, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # request arrival
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # row written
+    latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"), nullable=True)
+    billed_pico: Mapped[int] = mapped_column(BigInteger)
+    list_pico: Mapped[int] = mapped_column(BigInteger)
+    invoice_id: Mapped[int | None] = mapped_column(ForeignKey("invoices.id"), nullable=True)
+
+
+class Invoice(Base):
+    __tablename__ = "invoices"
+    __table_args__ = (UniqueConstraint("tenant_id", "period"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    period: Mapped[str] = mapped_column(String(7))  # "YYYY-MM"
+    status: Mapped[InvoiceStatus] = mapped_column(
+        Enum(InvoiceStatus, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+    )
+    total_pico: Mapped[int] = mapped_column(BigInteger)
+    list_pico: Mapped[int] = mapped_column(BigInteger)
+    closed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    lines: Mapped[list[InvoiceLine]] = relationship(
+        back_populates="invoice", order_by="InvoiceLine.id"
+    )
+
+
+class InvoiceLine(Base):
+    __tablename__ = "invoice_lines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    invoice_id: Mapped[int] = mapped_column(ForeignKey("invoices.id"), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))  # uncached_input|cached_input|semantic_hit|output
+    quantity: Mapped[int] = mapped_column(BigInteger)  # tokens
+    unit_pico: Mapped[int] = mapped_column(BigInteger)  # per token; 0 when mixed prices
+    amount_pico: Mapped[int] = mapped_column(BigInteger)
+    list_pico: Mapped[int] = mapped_column(BigInteger)
+
+    invoice: Mapped[Invoice] = relationship(back_populates="lines")

@@ -1,0 +1,1 @@
+"""The ``kvtoll`` command line."""
