@@ -1,0 +1,1 @@
+"""Where a request is sent once no cache answered it."""

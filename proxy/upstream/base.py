@@ -1,0 +1,75 @@
+"""The upstream interface: an engine (in-process or over HTTP) or any OpenAI-compatible
+server. The proxy sends a normalised :class:`UpstreamRequest` and reads back a stream
+of :class:`UpstreamDelta` items ending with exactly one :class:`UpstreamUsage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from engine.kv.hashing import TenantSalt
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    request_id: str
+    kind: Literal["chat", "completion"]
+    model: str
+    # The validated OpenAI request body (chat: messages...; completion: prompt...),
+    # stripped of proxy-only fields and of anything the client sent about caching salts.
+    body: dict[str, Any]
+    salt: TenantSalt  # server-derived from tenant id + server secret
+    prompt_token_ids: tuple[int, ...] | None = None  # when the proxy tokenized already
+
+
+@dataclass(frozen=True)
+class UpstreamDelta:
+    index: int  # choice index
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class UpstreamUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class UpstreamError(RuntimeError):
+    """The upstream failed. ``retryable`` is true when nothing was produced yet."""
+
+    def __init__(self, message: str, *, status: int = 502, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class UpstreamRejected(ValueError):
+    """The upstream refused the request as invalid (a 4xx): the caller's mistake."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+class Upstream(Protocol):
+    """One place requests can go. ``name`` is what ``x-kvtoll-worker`` shows."""
+
+    @property
+    def name(self) -> str: ...
+
+    def stream(self, request: UpstreamRequest) -> AsyncIterator[UpstreamDelta | UpstreamUsage]:
+        """Deltas in order, then one usage item. Raises :class:`UpstreamRejected` or
+        :class:`UpstreamError`; closing the iterator early aborts upstream work."""
+        ...
+
+    async def health(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
