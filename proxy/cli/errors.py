@@ -7,10 +7,7 @@ from typing import NoReturn
 import typer
 
 
-class CliError(Exception):
-    """A caller's mistake: printed as one line, exit code 2, nothing written."""
-
-
 def fail(message: str) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with code 2 (a caller's mistake)."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
