@@ -1,0 +1,51 @@
+"""Proxy-only limits and timings, frozen and passed to :func:`proxy.app.create_app`.
+
+:class:`proxy.settings.Settings` holds what the whole process shares (URLs, secrets);
+this holds the gateway's policy numbers. Defaults suit the embedded single-process
+setup; tests and deployments pass their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """Hard limits checked before a request reaches any cache or upstream."""
+
+    max_body_bytes: int = 1_000_000
+    max_prompt_tokens: int = 8192  # also capped by the upstream's context, if it says
+    max_tokens_cap: int = 4096  # largest max_tokens a client may ask for
+    default_max_tokens: int = 256  # used when the client gives none
+    max_n: int = 8
+
+
+@dataclass(frozen=True)
+class RateLimitDefaults:
+    """Per-key limits when the key row has none (``NULL`` in ``api_keys``).
+
+    ``fallback_divisor``: while Redis is unreachable each replica enforces
+    ``limit // fallback_divisor`` (at least 1) locally, so N replicas together stay
+    near the shared limit; ``redis_retry_s`` is how long before Redis is tried again.
+    """
+
+    requests_per_minute: int = 600
+    tokens_per_minute: int = 1_000_000
+    fallback_divisor: int = 4
+    redis_retry_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Everything the gateway's policy needs beyond :class:`Settings`."""
+
+    limits: AdmissionLimits = AdmissionLimits()
+    rate_limits: RateLimitDefaults = RateLimitDefaults()
+    auth_cache_ttl_s: float = 5.0  # a revoked key keeps working at most this long
+    auth_cache_size: int = 10_000
+    upstream_first_byte_timeout_s: float = 60.0
+    upstream_idle_timeout_s: float = 60.0
+    outbox_replay_interval_s: float = 2.0
+    db_retry_after_failure_s: float = 2.0  # while the DB is failing, meter to the outbox
+    health_check_interval_s: float = 5.0
