@@ -9,12 +9,15 @@ rewritten, so a ledger row always rates against the price in force at its time.
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any, NewType
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
+    Dialect,
     Enum,
     Float,
     ForeignKey,
@@ -25,14 +28,53 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+TenantId = NewType("TenantId", int)
+ApiKeyId = NewType("ApiKeyId", str)
+PriceId = NewType("PriceId", int)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
     "ck": "ck_%(table_name)s_%(constraint_name)s",
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware UTC ``datetime`` on every backend.
+
+    PostgreSQL keeps ``timestamptz``; SQLite has no time zones, so values are
+    converted to UTC on the way in and tagged UTC on the way out. Naive values are
+    refused: a naive time in a ledger is a bug waiting to bill the wrong month.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: pass an aware (UTC) datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def _enum_column(enum_cls: type[enum.StrEnum], length: int) -> Enum:
+    """A portable VARCHAR enum storing the member *values* (no native PG type)."""
+    return Enum(
+        enum_cls, native_enum=False, length=length, values_callable=lambda e: [m.value for m in e]
+    )
 
 
 class Base(DeclarativeBase):
@@ -59,7 +101,7 @@ class Tenant(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     # Per-tenant cache policy (NULL = server default).
     semantic_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
     semantic_allow_sampled: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -76,8 +118,8 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(128), unique=True)
     display_prefix: Mapped[str] = mapped_column(String(32))
     name: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     # Per-key rate limits (NULL = server default).
     requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -87,7 +129,14 @@ class ApiKey(Base):
 
 class Price(Base):
     __tablename__ = "prices"
-    __table_args__ = (UniqueConstraint("model", "effective_from"),)
+    __table_args__ = (
+        UniqueConstraint("model", "effective_from"),
+        CheckConstraint(
+            "input_pico >= 0 AND cached_input_pico >= 0 AND output_pico >= 0",
+            name="non_negative",
+        ),
+        CheckConstraint("semantic_hit_ppm BETWEEN 0 AND 1000000", name="fraction_ppm"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model: Mapped[str] = mapped_column(String(128), index=True)
@@ -97,8 +146,8 @@ class Price(Base):
     output_pico: Mapped[int] = mapped_column(BigInteger)
     # Parts per million of the uncached price billed for a semantic hit.
     semantic_hit_ppm: Mapped[int] = mapped_column(Integer)
-    effective_from: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    effective_from: Mapped[datetime] = mapped_column(UtcDateTime())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class UsageRecord(Base):
@@ -108,6 +157,12 @@ class UsageRecord(Base):
     __table_args__ = (
         Index("ix_usage_ledger_tenant_created", "tenant_id", "created_at"),
         Index("ix_usage_ledger_invoice", "invoice_id"),
+        CheckConstraint(
+            "prompt_tokens >= 0 AND completion_tokens >= 0 AND cached_tokens >= 0"
+            " AND cached_tokens <= prompt_tokens",
+            name="tokens",
+        ),
+        CheckConstraint("billed_pico >= 0 AND list_pico >= 0", name="amounts"),
     )
 
     id: Mapped[int] = mapped_column(
@@ -117,24 +172,15 @@ class UsageRecord(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
     api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
     model: Mapped[str] = mapped_column(String(128))
-    served_by: Mapped[ServedBy] = mapped_column(
-        Enum(ServedBy, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
-    )
-    status: Mapped[RequestStatus] = mapped_column(
-        Enum(
-            RequestStatus,
-            native_enum=False,
-            length=32,
-            values_callable=lambda e: [m.value for m in e],
-        )
-    )
+    served_by: Mapped[ServedBy] = mapped_column(_enum_column(ServedBy, 16))
+    status: Mapped[RequestStatus] = mapped_column(_enum_column(RequestStatus, 32))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     similarity: Mapped[float | None] = mapped_column(Float, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # request arrival
-    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # row written
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())  # request arrival
+    recorded_at: Mapped[datetime] = mapped_column(UtcDateTime())  # row written
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"), nullable=True)
@@ -150,12 +196,10 @@ class Invoice(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
     period: Mapped[str] = mapped_column(String(7))  # "YYYY-MM"
-    status: Mapped[InvoiceStatus] = mapped_column(
-        Enum(InvoiceStatus, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
-    )
+    status: Mapped[InvoiceStatus] = mapped_column(_enum_column(InvoiceStatus, 16))
     total_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)
-    closed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    closed_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
     lines: Mapped[list[InvoiceLine]] = relationship(
         back_populates="invoice", order_by="InvoiceLine.id"

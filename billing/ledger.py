@@ -1,0 +1,149 @@
+"""The usage ledger: one row per request, written exactly once, never silently dropped.
+
+:func:`write_usage` rates the request against the price in force at its arrival
+time (no price: zero amounts and ``price_id`` NULL) and inserts it with
+``INSERT ... ON CONFLICT (request_id) DO NOTHING``. The unique ``request_id`` makes a
+retry (outbox replay, a second proxy replica) a no-op, also under concurrent
+writers: PostgreSQL makes the second inserter wait for the first and then skip;
+SQLite serialises writers (WAL + busy timeout). Database errors propagate: the
+caller keeps the entry (the proxy's outbox) and replays it later.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Insert, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
+from billing.pricing import price_in_force
+from billing.rating import ZERO_CHARGE, Usage, rate, validate_usage
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What the proxy knows about one finished request (``created_at`` = arrival, aware)."""
+
+    request_id: str
+    tenant_id: TenantId
+    api_key_id: ApiKeyId | None
+    model: str
+    served_by: ServedBy
+    status: RequestStatus
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    similarity: float | None
+    worker: str | None
+    created_at: datetime
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            completion_tokens=self.completion_tokens,
+            served_by=ServedBy(self.served_by),
+        )
+
+
+def validate_entry(entry: LedgerEntry) -> None:
+    """Raise ``ValueError`` for an entry that must never reach the ledger."""
+    try:
+        uuid.UUID(entry.request_id)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"request_id must be a UUID, got {entry.request_id!r}") from None
+    if entry.created_at.tzinfo is None or entry.created_at.utcoffset() is None:
+        raise ValueError("created_at must be an aware datetime")
+    validate_usage(entry.usage)
+
+
+def _row_values(session: Session, entry: LedgerEntry) -> dict[str, Any]:
+    validate_entry(entry)
+    price = price_in_force(session, entry.model, entry.created_at)
+    charge = ZERO_CHARGE if price is None else rate(entry.usage, price)
+    return {
+        "request_id": str(uuid.UUID(entry.request_id)),
+        "tenant_id": entry.tenant_id,
+        "api_key_id": entry.api_key_id,
+        "model": entry.model,
+        "served_by": ServedBy(entry.served_by),
+        "status": RequestStatus(entry.status),
+        "prompt_tokens": entry.prompt_tokens,
+        "cached_tokens": entry.cached_tokens,
+        "completion_tokens": entry.completion_tokens,
+        "similarity": entry.similarity,
+        "worker": entry.worker,
+        "created_at": entry.created_at,
+        "recorded_at": datetime.now(UTC),
+        "latency_ms": entry.latency_ms,
+        "ttft_ms": entry.ttft_ms,
+        "price_id": None if price is None else price.id,
+        "billed_pico": charge.billed_pico,
+        "list_pico": charge.list_pico,
+    }
+
+
+def _insert_ignoring_duplicate(session: Session, values: dict[str, Any]) -> bool:
+    dialect = session.get_bind().dialect.name
+    statement: Insert
+    if dialect == "postgresql":
+        statement = postgresql.insert(UsageRecord).on_conflict_do_nothing(
+            index_elements=["request_id"]
+        )
+    elif dialect == "sqlite":
+        statement = sqlite.insert(UsageRecord).on_conflict_do_nothing(
+            index_elements=["request_id"]
+        )
+    else:
+        return _insert_generic(session, values)
+    inserted = session.execute(statement.values(values).returning(UsageRecord.id)).first()
+    return inserted is not None
+
+
+def _insert_generic(session: Session, values: dict[str, Any]) -> bool:
+    """Other dialects: insert in a savepoint; a duplicate request id is not an error."""
+    try:
+        with session.begin_nested():
+            session.execute(insert(UsageRecord).values(values))
+    except IntegrityError:
+        exists = select(UsageRecord.id).where(UsageRecord.request_id == values["request_id"])
+        if session.scalar(exists) is None:
+            raise
+        return False
+    return True
+
+
+def write_usage(factory: sessionmaker[Session], entry: LedgerEntry) -> bool:
+    """Rate and record one request; True if inserted, False if already recorded.
+
+    Raises ``ValueError`` for an impossible entry and SQLAlchemy errors for database
+    failures; it never drops a row silently.
+    """
+    with factory.begin() as session:
+        return _insert_ignoring_duplicate(session, _row_values(session, entry))
+
+
+def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEntry]) -> int:
+    """Record several entries in one transaction (outbox replay); returns how many were new.
+
+    All or nothing: on any error nothing is written and the error propagates.
+    """
+    with factory.begin() as session:
+        return sum(
+            _insert_ignoring_duplicate(session, _row_values(session, entry)) for entry in entries
+        )
+
+
+def get_usage(session: Session, request_id: str) -> UsageRecord | None:
+    """The ledger row for ``request_id``, if recorded."""
+    return session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).first()

@@ -1,0 +1,57 @@
+"""Drive Alembic programmatically: no ``alembic.ini`` needed.
+
+The script location is the ``migrations`` package directory (found via its
+``__file__``, so it works from a checkout and from an installed wheel); the URL is
+handed to ``migrations/env.py`` through ``Config.attributes``, which avoids
+configparser's ``%`` interpolation in passwords.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import migrations
+from billing.db import make_engine
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config pointing at kvtoll's migrations and at ``url``."""
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.attributes["url"] = url
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` up to ``revision`` (default: latest)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    """Migrate the database at ``url`` down to ``revision`` (default: drop everything)."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str | None:
+    """The newest revision shipped with this code."""
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database at ``url`` is at (``None`` = never migrated)."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def is_up_to_date(url: str) -> bool:
+    """True if the database at ``url`` is at the head revision."""
+    return current_revision(url) == head_revision()
