@@ -1,0 +1,102 @@
+"""Admission limits: body size, prompt tokens, ``max_tokens`` and ``n``.
+
+Checked after schema validation (the serving protocol models) and before any cache
+or upstream sees the request. Every refusal is a caller's mistake and raises
+:class:`AdmissionError` (HTTP 400, or 413 for the body) naming the offending field.
+Limits come from :class:`proxy.config.AdmissionLimits`; the prompt limit is further
+capped by the upstream's context length when the proxy knows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from proxy.config import AdmissionLimits
+
+
+class AdmissionError(ValueError):
+    """A request outside the limits; rendered in OpenAI's error shape."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str = "invalid_request",
+        status: int = 400,
+    ) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What admission settled: the token budget of one request."""
+
+    prompt_tokens: int
+    max_tokens: int
+    n: int
+
+    @property
+    def cost_tokens(self) -> int:
+        """Tokens charged to the tokens-per-minute limit: prompt + the most it can generate."""
+        return self.prompt_tokens + self.max_tokens * self.n
+
+
+async def read_body_capped(
+    content_length: str | None, chunks: AsyncIterator[bytes], max_bytes: int
+) -> bytes:
+    """The request body, refusing (413) as soon as it exceeds ``max_bytes``."""
+    too_big = AdmissionError(
+        f"request body exceeds {max_bytes} bytes", code="request_too_large", status=413
+    )
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise AdmissionError("invalid Content-Length header") from None
+        if declared > max_bytes:
+            raise too_big
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_big
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def admit(
+    prompt_token_ids: Sequence[int] | int,
+    max_tokens: int | None,
+    n: int | None,
+    limits: AdmissionLimits,
+    *,
+    context_len: int | None = None,
+) -> Admitted:
+    """Check the token budget; ``prompt_token_ids`` may be a bare count when estimated."""
+    num_prompt = prompt_token_ids if isinstance(prompt_token_ids, int) else len(prompt_token_ids)
+    choices = 1 if n is None else n
+    if choices < 1 or choices > limits.max_n:
+        raise AdmissionError(f"n must be between 1 and {limits.max_n}", param="n")
+    wanted = limits.default_max_tokens if max_tokens is None else max_tokens
+    if wanted < 1 or wanted > limits.max_tokens_cap:
+        raise AdmissionError(
+            f"max_tokens must be between 1 and {limits.max_tokens_cap}", param="max_tokens"
+        )
+    prompt_cap = limits.max_prompt_tokens
+    if context_len is not None:
+        prompt_cap = min(prompt_cap, context_len - 1)
+    if num_prompt > prompt_cap:
+        raise AdmissionError(
+            f"prompt has {num_prompt} tokens, more than the limit of {prompt_cap}",
+            param="messages", code="context_length_exceeded",
+        )
+    if context_len is not None and max_tokens is None:
+        wanted = max(1, min(wanted, context_len - num_prompt))
+    if context_len is not None and num_prompt + wanted > context_len:
+        raise AdmissionError(
+            f"prompt ({num_prompt} tokens) + max_tokens ({wanted}) exceeds the context"
+            f" length of {context_len}", param="max_tokens", code="context_length_exceeded",
+        )
+    return Admitted(prompt_tokens=num_prompt, max_tokens=wanted, n=choices)
