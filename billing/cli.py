@@ -1,0 +1,256 @@
+"""``kvtoll db|tenant|key|price`` commands.
+
+Settings are read when a command runs (``KVTOLL_DATABASE_URL``). Each command runs
+in one transaction: a caller's mistake (unknown tenant, duplicate name, malformed
+or revoked key id, bad price or fraction) prints one line, exits 2 and writes
+nothing. ``key create`` prints the plaintext key once; it is never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from billing import accounts, migrate, pricing
+from billing.db import make_engine, session_factory
+from billing.errors import BillingError
+from billing.models import Price
+from billing.money import ppm_to_fraction, price_per_1m_usd
+from proxy.cli.errors import fail
+from proxy.settings import load_settings
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _database_url() -> str:
+    return load_settings().database_url
+
+
+def _sqlite_file_missing(url: str) -> bool:
+    parsed = make_url(url)
+    database = parsed.database or ""
+    return (
+        parsed.get_backend_name() == "sqlite"
+        and database not in ("", ":memory:")
+        and not Path(database).exists()
+    )
+
+
+def _require_schema(url: str, engine: Engine) -> None:
+    if _sqlite_file_missing(url):
+        fail("database does not exist yet: run `kvtoll db upgrade` first")
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    if current != migrate.head_revision():
+        fail(f"database schema is at {current or 'nothing'}: run `kvtoll db upgrade` first")
+
+
+@contextmanager
+def _transaction() -> Iterator[Session]:
+    """One committed transaction on the configured database; errors become exit 2."""
+    url = _database_url()
+    engine = make_engine(url)
+    try:
+        _require_schema(url, engine)
+        with session_factory(engine).begin() as session:
+            yield session
+    except BillingError as exc:
+        fail(str(exc))
+    except SQLAlchemyError as exc:
+        fail(f"database error: {_first_line(exc)}")
+    finally:
+        engine.dispose()
+
+
+def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    typer.echo("\t".join(header))
+    for row in rows:
+        typer.echo("\t".join("-" if v is None else str(v) for v in row))
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat(timespec="seconds")
+
+
+def _parse_moment(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"--effective-from must be an ISO 8601 time, got {text!r}")
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _db_group() -> typer.Typer:
+    group = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
+
+    @group.command("upgrade")
+    def upgrade(revision: str = typer.Option("head", help="Target revision.")) -> None:
+        """Create or migrate the schema (KVTOLL_DATABASE_URL) up to REVISION."""
+        _run_migration(migrate.upgrade, revision)
+        typer.echo(f"database at {migrate.current_revision(_database_url())}")
+
+    @group.command("downgrade")
+    def downgrade(
+        revision: str = typer.Option("base", help="Target revision (base drops every table)."),
+        yes: bool = typer.Option(False, "--yes", help="Confirm that data may be dropped."),
+    ) -> None:
+        """Migrate the schema down to REVISION (default: base, dropping all billing data)."""
+        if not yes:
+            fail("downgrade drops data: pass --yes to confirm")
+        _run_migration(migrate.downgrade, revision)
+        typer.echo(f"database at {migrate.current_revision(_database_url()) or 'base'}")
+
+    @group.command("current")
+    def current() -> None:
+        """Print the schema revision of the database and the newest one available."""
+        url = _database_url()
+        revision = None if _sqlite_file_missing(url) else migrate.current_revision(url)
+        typer.echo(f"current {revision or 'base'} head {migrate.head_revision()}")
+
+    return group
+
+
+def _run_migration(step: Callable[[str, str], None], revision: str) -> None:
+    from alembic.util import CommandError
+
+    try:
+        step(_database_url(), revision)
+    except CommandError as exc:
+        fail(_first_line(exc))
+    except SQLAlchemyError as exc:
+        fail(f"database error: {_first_line(exc)}")
+
+
+def _tenant_group() -> typer.Typer:
+    group = typer.Typer(help="Tenants.", no_args_is_help=True)
+
+    @group.command("create")
+    def create(name: str = typer.Argument(..., help="Tenant name (A-Za-z0-9._-).")) -> None:
+        """Create a tenant."""
+        with _transaction() as session:
+            tenant = accounts.create_tenant(session, name)
+            typer.echo(f"tenant {tenant.name} created (id {tenant.id})")
+
+    @group.command("list")
+    def list_() -> None:
+        """List tenants."""
+        with _transaction() as session:
+            rows = [
+                (t.id, t.name, _iso(t.created_at), t.kv_reserved_blocks)
+                for t in accounts.list_tenants(session)
+            ]
+        _print_rows(("id", "name", "created_at", "kv_reserved_blocks"), rows)
+
+    return group
+
+
+def _key_group() -> typer.Typer:
+    group = typer.Typer(help="API keys.", no_args_is_help=True)
+
+    @group.command("create")
+    def create(
+        tenant: str = typer.Argument(..., help="Tenant name."),
+        name: str | None = typer.Option(None, help="A label for the key."),
+        rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
+        tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute limit."),
+    ) -> None:
+        """Create a key and print it once (only its hash is stored)."""
+        with _transaction() as session:
+            row, plaintext = accounts.create_key(
+                session, tenant, name, requests_per_minute=rpm, tokens_per_minute=tpm
+            )
+            key_id = row.id
+        typer.echo(f"key_id {key_id}")
+        typer.echo(f"key {plaintext}")
+        typer.echo("store this key now: it cannot be shown again", err=True)
+
+    @group.command("list")
+    def list_(tenant: str = typer.Argument(..., help="Tenant name.")) -> None:
+        """List a tenant's keys (never the keys themselves)."""
+        with _transaction() as session:
+            rows = [
+                (k.id, k.display_prefix, k.name, _iso(k.created_at), _iso(k.revoked_at))
+                for k in accounts.list_keys(session, tenant)
+            ]
+        _print_rows(("key_id", "prefix", "name", "created_at", "revoked_at"), rows)
+
+    @group.command("revoke")
+    def revoke(key_id: str = typer.Argument(..., help="Key id (key_...).")) -> None:
+        """Revoke a key; it stops working immediately."""
+        with _transaction() as session:
+            row = accounts.revoke_key(session, key_id)
+            typer.echo(f"key {row.id} revoked at {_iso(row.revoked_at)}")
+
+    return group
+
+
+def _price_row(price: Price) -> tuple[object, ...]:
+    return (
+        price.model,
+        price_per_1m_usd(price.input_pico),
+        price_per_1m_usd(price.cached_input_pico),
+        price_per_1m_usd(price.output_pico),
+        ppm_to_fraction(price.semantic_hit_ppm),
+        _iso(price.effective_from),
+    )
+
+
+def _price_group() -> typer.Typer:
+    group = typer.Typer(help="Prices per model (USD per 1M tokens).", no_args_is_help=True)
+
+    @group.command("set")
+    def set_(
+        model: str = typer.Argument(..., help="Model name as clients send it."),
+        input: str = typer.Option(..., "--input", help="USD per 1M uncached prompt tokens."),
+        cached_input: str = typer.Option(..., "--cached-input", help="USD per 1M cached."),
+        output: str = typer.Option(..., "--output", help="USD per 1M completion tokens."),
+        semantic_fraction: str = typer.Option(
+            ..., "--semantic-fraction", help="Fraction of the uncached price billed for a hit."
+        ),
+        effective_from: str | None = typer.Option(
+            None, "--effective-from", help="ISO 8601 time (default now; no zone = UTC)."
+        ),
+    ) -> None:
+        """Add a price for MODEL; earlier prices stay in history."""
+        moment = _parse_moment(effective_from)
+        with _transaction() as session:
+            price = pricing.set_price(
+                session, model, input, cached_input, output, semantic_fraction, moment
+            )
+            typer.echo(f"price for {price.model} effective {_iso(price.effective_from)}")
+
+    @group.command("list")
+    def list_(
+        model: str | None = typer.Option(None, help="Only this model."),
+    ) -> None:
+        """List every price row, history included."""
+        with _transaction() as session:
+            rows = [_price_row(p) for p in pricing.list_prices(session, model)]
+        header = ("model", "input", "cached_input", "output", "semantic_fraction", "effective")
+        _print_rows(header, rows)
+
+    return group
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``db``, ``tenant``, ``key`` and ``price`` groups to the root CLI."""
+    app.add_typer(_db_group(), name="db")
+    app.add_typer(_tenant_group(), name="tenant")
+    app.add_typer(_key_group(), name="key")
+    app.add_typer(_price_group(), name="price")
+
