@@ -1,0 +1,258 @@
+"""Prefill / extend attention over a cached prefix, variable lengths in one launch.
+
+Sequence s brings ``q_len = qsl[s+1] - qsl[s]`` new query tokens; its K/V (prefix and
+the new tokens, already written) are in the paged cache, ``seq_lens[s]`` tokens long::
+
+    prefix_len = seq_lens[s] - q_len
+    query j sits at position prefix_len + j and attends to cache positions <= it
+
+    cache positions  0 ............ prefix_len ........... seq_len
+                     [ cached prefix ][  new tokens (this step) ]
+    q-block rows                       [BLOCK_M ]...
+    loop 1 (no mask) [0, full_end)     full_end = first row's position rounded down to BLOCK_N
+    loop 2 (causal)  [full_end, min(last row + 1, seq_len))
+
+Grid (S, cdiv(max_query_len, BLOCK_M), H); programs past their sequence's query
+length return at once. A prefix-cache hit therefore costs only the new rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.launch import (
+    check_device,
+    check_dtype,
+    check_power_of_two,
+    dot_precision,
+    upcast_inputs,
+)
+
+LOG2_E = 1.4426950408889634
+DEFAULT_BLOCK_M = 64
+DEFAULT_BLOCK_N = 64
+
+
+@triton.jit
+def _attend_tile(  # type: ignore[no-untyped-def]  # triton-typed
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    kv_start,
+    q_pos,
+    seq_len,
+    kv_head_off,
+    qk_scale,
+    stride_cb,
+    stride_ct,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    offs_n = kv_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if MASKED:
+        in_ctx = offs_n < seq_len
+        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=in_ctx, other=0)
+    else:
+        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE)
+    rows = block_ids.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head_off
+    kv_ptrs = rows[:, None] + offs_d[None, :]
+    if MASKED:
+        k = tl.load(k_cache_ptr + kv_ptrs, mask=in_ctx[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_ptrs, mask=in_ctx[:, None], other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + kv_ptrs)
+        v = tl.load(v_cache_ptr + kv_ptrs)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        keep = (offs_n[None, :] <= q_pos[:, None]) & in_ctx[None, :]
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _extend_kernel(  # type: ignore[no-untyped-def]  # triton-typed
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_bts,
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    m_block = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_pos = seq_len - q_len + m_block * BLOCK_M
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_mask = offs_m < q_len
+    tokens = q_start.to(tl.int64) + offs_m
+    q_ptrs = q_ptr + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    q_pos = first_pos + tl.arange(0, BLOCK_M)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bts
+    kv_head_off = (head // GROUP_SIZE) * stride_ch
+    full_end = (first_pos // BLOCK_N) * BLOCK_N
+    for kv_start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_ptr, kv_start, q_pos, seq_len,
+            kv_head_off, qk_scale, stride_cb, stride_ct,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION,
+        )  # fmt: skip
+    kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
+    for kv_start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_ptr, kv_start, q_pos, seq_len,
+            kv_head_off, qk_scale, stride_cb, stride_ct,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION,
+        )  # fmt: skip
+
+    out = acc / l_i[:, None]
+    o_ptrs = out_ptr + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def _check_extend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+) -> None:
+    check_device(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables)
+    check_dtype("q", q)
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match")
+    if not (k_cache.dtype == v_cache.dtype == q.dtype):
+        raise ValueError(f"dtypes q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype} must match")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    check_power_of_two("block_size", block_size, 8)
+    check_power_of_two("head_dim", head_dim, 16)
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
+        raise ValueError(
+            f"q {tuple(q.shape)}: want [T, H, {head_dim}] with H % {num_kv_heads} == 0"
+        )
+    if q.stride(2) != 1:
+        raise ValueError("q needs a unit stride in head_dim")
+    num_seqs = seq_lens.shape[0]
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens {tuple(seq_lens.shape)} {seq_lens.dtype}: want [S] int32")
+    if query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
+        raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} "
+                         f"{query_start_loc.dtype}: want [{num_seqs + 1}] int32")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables {tuple(block_tables.shape)}: want [{num_seqs}, max_blocks]")
+    if block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be int32 with a unit stride per row")
+
+
+def _launch_extend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    block_m: int,
+    block_n: int,
+) -> torch.Tensor:
+    _check_extend(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables)
+    check_power_of_two("block_m", block_m, 16)
+    check_power_of_two("block_n", block_n, 16)
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or max_query_len == 0:
+        return out
+    grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
+        scale * LOG2_E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP_SIZE=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        UPCAST=upcast_inputs(q.dtype),
+        DOT_PRECISION=dot_precision(q.dtype),
+    )  # fmt: skip
+    return out
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+) -> torch.Tensor:
+    """Causal attention of the new tokens ``q`` ([T, H, D]) over their paged context.
+
+    ``max_query_len`` (a Python int >= every query length) sizes the grid without a
+    device sync. Returns [T, H, D] in ``q``'s dtype.
+    """
+    return _launch_extend(
+        q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+        max_query_len, block_m, block_n,
+    )  # fmt: skip
