@@ -1,31 +1,29 @@
-"""Admission limits: body size, prompt tokens, ``max_tokens`` and ``n``.
+"""Admission limits: prompt tokens, ``max_tokens`` and ``n`` (body size is capped while
+reading, by :func:`engine.serving.errors.read_body_bytes`).
 
 Checked after schema validation (the serving protocol models) and before any cache
 or upstream sees the request. Every refusal is a caller's mistake and raises
-:class:`AdmissionError` (HTTP 400, or 413 for the body) naming the offending field.
+:class:`AdmissionError` (HTTP 400) naming the offending field.
 Limits come from :class:`proxy.config.AdmissionLimits`; the prompt limit is further
 capped by the upstream's context length when the proxy knows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.serving.errors import OpenAIError
 from proxy.config import AdmissionLimits
 
 
-class AdmissionError(ValueError):
-    """A request outside the limits; rendered in OpenAI's error shape."""
+class AdmissionError(OpenAIError):
+    """A request outside the limits (400), in OpenAI's error shape."""
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str = "invalid_request",
-        status: int = 400,
+        self, message: str, *, param: str | None = None, code: str = "invalid_value"
     ) -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
-        self.status = status
+        super().__init__(message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -40,30 +38,6 @@ class Admitted:
     def cost_tokens(self) -> int:
         """Tokens charged to the tokens-per-minute limit: prompt + the most it can generate."""
         return self.prompt_tokens + self.max_tokens * self.n
-
-
-async def read_body_capped(
-    content_length: str | None, chunks: AsyncIterator[bytes], max_bytes: int
-) -> bytes:
-    """The request body, refusing (413) as soon as it exceeds ``max_bytes``."""
-    too_big = AdmissionError(
-        f"request body exceeds {max_bytes} bytes", code="request_too_large", status=413
-    )
-    if content_length is not None:
-        try:
-            declared = int(content_length)
-        except ValueError:
-            raise AdmissionError("invalid Content-Length header") from None
-        if declared > max_bytes:
-            raise too_big
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_big
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def admit(

@@ -25,17 +25,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing import keys
 from billing.accounts import KeyIdentity, resolve_key
+from engine.serving.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 
 log = logging.getLogger(__name__)
 
 
-class AuthError(Exception):
+class AuthError(OpenAIError):
     """Refused credentials (401) or an identity store that cannot answer (503)."""
 
     def __init__(self, message: str, *, code: str = "invalid_api_key", status: int = 401) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
+        kind = INVALID_REQUEST if status < 500 else SERVER_ERROR
+        super().__init__(message, status=status, type=kind, code=code)
 
 
 @dataclass(frozen=True)

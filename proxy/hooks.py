@@ -1,0 +1,77 @@
+"""What the gateway calls on its optional plug-ins: the semantic cache and the router.
+
+The request flow (:mod:`proxy.service`) depends only on these Protocols; the
+semantic-cache and routing packages provide objects that satisfy them, handed to
+:func:`proxy.app.create_app` (``semantic=``, ``router=``). Both are optional: with
+no semantic cache every request goes upstream, with no router the first healthy
+upstream (in the order given) is tried first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from billing.models import TenantId
+from proxy.upstream.base import Upstream, UpstreamRequest
+
+
+@dataclass(frozen=True)
+class SemanticQuery:
+    """One request as the semantic cache sees it (identity is server-derived)."""
+
+    tenant_id: TenantId
+    kind: Literal["chat", "completion"]
+    model: str
+    body: dict[str, Any]  # the validated client body, without any salt field
+    threshold: float | None  # tenant policy (None = cache default)
+    allow_sampled: bool  # tenant allows hits for temperature > 0 requests
+
+
+@dataclass(frozen=True)
+class SemanticChoice:
+    text: str
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class SemanticHit:
+    """A stored answer judged equivalent to the query."""
+
+    choices: tuple[SemanticChoice, ...]
+    similarity: float
+    prompt_tokens: int  # of the *new* request (billed at the semantic fraction)
+    completion_tokens: int  # of the stored answer
+
+
+@dataclass(frozen=True)
+class SemanticAnswer:
+    """A complete upstream answer offered for storage (only ``stop`` answers are sent)."""
+
+    choices: tuple[SemanticChoice, ...]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class SemanticCacheHook(Protocol):
+    async def lookup(self, query: SemanticQuery) -> SemanticHit | None:
+        """A verified hit for ``query`` in its tenant's partition, or ``None``."""
+        ...
+
+    async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
+        """Remember ``answer`` for ``query`` (the cache may decline)."""
+        ...
+
+
+class RouterHook(Protocol):
+    async def rank(
+        self, candidates: Sequence[Upstream], request: UpstreamRequest
+    ) -> list[Upstream]:
+        """``candidates`` (healthy upstreams) best first; the gateway tries them in order
+        and moves on only while nothing has reached the client."""
+        ...
+
+    async def release(self, upstream: Upstream, request: UpstreamRequest) -> None:
+        """``request`` finished on ``upstream`` (success, error or abort)."""
+        ...
