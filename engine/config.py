@@ -1,0 +1,70 @@
+"""Engine configuration: built once (CLI, settings or tests), frozen, passed down.
+
+``model`` is a GGUF file, a Hugging Face safetensors directory, ``None`` for the
+bundled SmolLM2-135M-Instruct GGUF, or :data:`TINY_MODEL` for a random-initialised
+tiny Llama with a byte-level tokenizer (tests: builds in milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TINY_MODEL = "kvtoll-tiny"
+DEFAULT_DTYPE = "float32"  # measured faster than bfloat16 on the target CPU (see bench/)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every knob of one engine instance.
+
+    KV cache size: ``num_kv_blocks`` if set, else as many blocks as fit in
+    ``kv_cache_bytes``. ``max_model_len`` defaults to the model's context length.
+    ``max_num_batched_tokens`` is the per-step token budget (chunked prefill).
+    """
+
+    model: str | None = None
+    dtype: str = DEFAULT_DTYPE  # "float32" | "bfloat16"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    max_n: int = 8
+    max_logprobs: int = 20
+    attention_backend: str = "torch"
+    served_model_name: str | None = None
+    seed: int = 0  # tiny model weight init
+    num_threads: int | None = None  # torch intra-op threads; None = torch default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        for name in (
+            "block_size",
+            "kv_cache_bytes",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_n",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
+
+    @classmethod
+    def tiny(cls, **overrides: object) -> EngineConfig:
+        """A config for the random tiny model (tests): small cache, small budgets."""
+        base: dict[str, object] = {
+            "model": TINY_MODEL,
+            "dtype": "float32",
+            "num_kv_blocks": 64,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 16,
+            "max_model_len": 256,
+        }
+        base.update(overrides)
+        return cls(**base)  # type: ignore[arg-type]

@@ -1,0 +1,144 @@
+"""Per-sequence block tables on top of the :class:`BlockPool`, with prefix lookup.
+
+::
+
+    seq tokens : [ 16 | 16 | 16 | 7 ]   block_size = 16, 55 tokens
+    table      : [ b4 , b9 , b2 , b5 ]  b4, b9 may be shared (prefix hit, ref_cnt > 1)
+    hashes     : [ h0 , h1 , h2 ]       full blocks only; h0 carries the tenant salt
+
+Check-then-act: :meth:`KVCacheManager.allocate_slots` returns False (and changes
+nothing) when the pool cannot supply the blocks; the scheduler then preempts.
+A prefix hit re-checks the cached block's token ids and never covers the last
+token of a sequence (its logits must be computed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from engine.api import KVEventKind
+from engine.kv.block_pool import BlockPool
+from engine.kv.free_queue import BlockId, KVBlock
+from engine.kv.hashing import ROOT_HASH, BlockHash, TenantSalt, hash_block
+
+
+class CacheableSeq(Protocol):
+    """What the KV manager needs to know about a sequence."""
+
+    seq_id: int
+    salt: TenantSalt | None
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_hashes: list[BlockHash]
+
+
+class KVCacheManager:
+    """Block tables per sequence; allocation, prefix hits, caching and freeing."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self._tables: dict[int, list[KVBlock]] = {}
+        self._num_hashed: dict[int, int] = {}
+
+    def block_ids(self, seq_id: int) -> list[BlockId]:
+        """The sequence's block table as ids (empty if it holds none)."""
+        return [b.block_id for b in self._tables.get(seq_id, [])]
+
+    def blocks(self, seq_id: int) -> list[KVBlock]:
+        """The sequence's blocks (a copy of its table)."""
+        return list(self._tables.get(seq_id, []))
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def update_hashes(self, seq: CacheableSeq) -> None:
+        """Extend ``seq.block_hashes`` to cover every full block of its tokens."""
+        bs = self.block_size
+        hashes = seq.block_hashes
+        while len(hashes) < len(seq.token_ids) // bs:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else ROOT_HASH
+            extra = seq.salt if i == 0 else None
+            hashes.append(hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs], extra))
+
+    def find_prefix(self, seq: CacheableSeq) -> list[KVBlock]:
+        """Longest run of cached blocks matching the sequence's leading full blocks."""
+        self.update_hashes(seq)
+        bs = self.block_size
+        max_blocks = (len(seq.token_ids) - 1) // bs
+        hits: list[KVBlock] = []
+        for i, h in enumerate(seq.block_hashes[:max_blocks]):
+            block = self.pool.lookup(h)
+            if block is None or block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+                break
+            hits.append(block)
+        return hits
+
+    def can_allocate(
+        self, seq: CacheableSeq, num_new_tokens: int, prefix: Sequence[KVBlock] = ()
+    ) -> bool:
+        """Whether :meth:`allocate_slots` would succeed."""
+        return self._blocks_short(seq, num_new_tokens, prefix) <= 0
+
+    def allocate_slots(
+        self, seq: CacheableSeq, num_new_tokens: int, prefix: Sequence[KVBlock] = ()
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens, first adopting ``prefix`` blocks.
+
+        ``prefix`` is only allowed for a sequence that holds no blocks yet; on success
+        its ``num_computed_tokens`` advances past the prefix. False = nothing changed.
+        """
+        table = self._tables.get(seq.seq_id, [])
+        if prefix and (table or seq.num_computed_tokens):
+            raise RuntimeError(
+                f"seq {seq.seq_id}: prefix given to a sequence that already has blocks"
+            )
+        if self._blocks_short(seq, num_new_tokens, prefix) > 0:
+            return False
+        self.pool.touch(list(prefix))
+        table = table + list(prefix)
+        seq.num_computed_tokens += len(prefix) * self.block_size
+        need = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(table)
+        if need > 0:
+            table = table + self.pool.allocate(need)
+        self._tables[seq.seq_id] = table
+        self._num_hashed.setdefault(seq.seq_id, len(prefix))
+        return True
+
+    def cache_full_blocks(self, seq: CacheableSeq) -> None:
+        """Register every block now full of computed tokens in the prefix cache."""
+        table = self._tables.get(seq.seq_id, [])
+        num_full = min(seq.num_computed_tokens // self.block_size, len(table))
+        start = self._num_hashed.get(seq.seq_id, 0)
+        if num_full <= start:
+            return
+        self.update_hashes(seq)
+        bs = self.block_size
+        stored: list[BlockHash] = []
+        for i in range(start, num_full):
+            block = table[i]
+            if block.block_hash is not None:
+                continue
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            if self.pool.cache_block(block, seq.block_hashes[i], tokens):
+                stored.append(seq.block_hashes[i])
+        self._num_hashed[seq.seq_id] = num_full
+        self.pool.events.emit(KVEventKind.STORED, stored)
+
+    def free(self, seq: CacheableSeq) -> None:
+        """Release the sequence's blocks (tail first, so its tail is evicted first)."""
+        table = self._tables.pop(seq.seq_id, [])
+        self._num_hashed.pop(seq.seq_id, None)
+        self.pool.free(list(reversed(table)))
+
+    def _blocks_short(
+        self, seq: CacheableSeq, num_new_tokens: int, prefix: Sequence[KVBlock]
+    ) -> int:
+        table = self._tables.get(seq.seq_id, [])
+        total = seq.num_computed_tokens + len(prefix) * self.block_size + num_new_tokens
+        need = max(0, self.num_blocks_for(total) - len(table) - len(prefix))
+        revived = sum(1 for b in prefix if b.ref_cnt == 0)
+        return need + revived - self.pool.num_free_blocks

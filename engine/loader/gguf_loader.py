@@ -1,0 +1,141 @@
+"""Load a Llama-architecture GGUF file: config, dequantized weights, tokenizer.
+
+GGUF stores llama Q/K projection rows permuted for its own rope kernel
+(``convert_hf_to_gguf.py``: ``w.reshape(H, 2, D/2, in).swapaxes(1, 2)``); we apply the
+inverse so weights are in Hugging Face layout and the rotate-half rope applies.
+Tensor names are mapped to HF names. Quantized tensors (Q4_1, Q8_0, ...) are
+dequantized with ``gguf.quants.dequantize``. The tokenizer (``tokenizer.ggml.*``,
+model ``gpt2`` = byte-level BPE) and the chat template come from the metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.model.config import LlamaConfig
+from engine.tokenizer import ChatTemplate, TextTokenizer
+
+log = logging.getLogger(__name__)
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _field(reader: GGUFReader, key: str, default: object = None) -> object:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def read_config(reader: GGUFReader) -> LlamaConfig:
+    """Architecture hyper-parameters from ``llama.*`` metadata."""
+    arch = str(_field(reader, "general.architecture"))
+    if arch != "llama":
+        raise ValueError(f"unsupported GGUF architecture {arch!r} (only llama)")
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    names = {t.name for t in reader.tensors}
+    return LlamaConfig(
+        vocab_size=int(_field(reader, "llama.vocab_size", len(tokens.data))),  # type: ignore[call-overload]
+        hidden_size=int(_field(reader, "llama.embedding_length")),  # type: ignore[call-overload]
+        intermediate_size=int(_field(reader, "llama.feed_forward_length")),  # type: ignore[call-overload]
+        num_hidden_layers=int(_field(reader, "llama.block_count")),  # type: ignore[call-overload]
+        num_attention_heads=int(_field(reader, "llama.attention.head_count")),  # type: ignore[call-overload]
+        num_key_value_heads=int(_field(reader, "llama.attention.head_count_kv")),  # type: ignore[call-overload]
+        max_position_embeddings=int(_field(reader, "llama.context_length", 2048)),  # type: ignore[call-overload]
+        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),  # type: ignore[arg-type]
+        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),  # type: ignore[arg-type]
+        tie_word_embeddings="output.weight" not in names,
+    )
+
+
+def hf_name(gguf_name: str) -> str:
+    """HF parameter name of a GGUF tensor name (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``)."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base.startswith("blk."):
+        _, idx, part = base.split(".", 2)
+        return f"model.layers.{idx}.{_LAYER_NAMES[part]}.{suffix}"
+    return f"{_TOP_NAMES[base]}.{suffix}"
+
+
+def unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: back to HF rotate-half layout."""
+    out_dim = w.shape[0]
+    return (
+        w.reshape(num_heads, out_dim // num_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def read_weights(reader: GGUFReader, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Dequantized float32 weights keyed by HF names (logs progress)."""
+    state: dict[str, torch.Tensor] = {}
+    total = len(reader.tensors)
+    for i, t in enumerate(reader.tensors):
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w = w.reshape([int(d) for d in reversed(t.shape)])
+        name = hf_name(t.name)
+        if name.endswith("q_proj.weight"):
+            w = unpermute(w, cfg.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute(w, cfg.num_key_value_heads)
+        state[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+        if (i + 1) % 40 == 0 or i + 1 == total:
+            log.info("loading GGUF weights: %d/%d tensors", i + 1, total)
+    return state
+
+
+def read_tokenizer(reader: GGUFReader) -> TextTokenizer:
+    """Byte-level BPE tokenizer, EOS ids and chat template from GGUF metadata."""
+    kind = str(_field(reader, "tokenizer.ggml.model"))
+    if kind != "gpt2":
+        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (only gpt2 byte-level BPE)")
+    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]  # type: ignore[attr-defined]
+    types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))  # type: ignore[call-overload]
+    merges = [tuple(str(m).split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]  # type: ignore[attr-defined]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))  # type: ignore[arg-type]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    specials = [t for t, ty in zip(tokens, types, strict=True) if ty in (_CONTROL, _USER_DEFINED)]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    eos = int(_field(reader, "tokenizer.ggml.eos_token_id", 0))  # type: ignore[call-overload]
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    template = ChatTemplate(
+        str(_field(reader, "tokenizer.chat_template", "")) or None,
+        bos_token=tokens[int(bos)] if bos is not None else "",  # type: ignore[call-overload]
+        eos_token=tokens[eos],
+    )
+    return TextTokenizer(tok, template, (eos,))
+
+
+def load_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
+    """Config, float32 HF-named weights and tokenizer of a GGUF file."""
+    log.info("reading GGUF %s", path)
+    reader = GGUFReader(str(path))
+    cfg = read_config(reader)
+    return cfg, read_weights(reader, cfg), read_tokenizer(reader)
