@@ -1,28 +1,27 @@
 """Drive Alembic programmatically: no ``alembic.ini`` needed.
 
-The script location is the ``migrations`` package directory (found via its
-``__file__``, so it works from a checkout and from an installed wheel); the URL is
+The script location is the ``migrations`` package directory (found via the
+``__file__`` of :mod:`migrations.location`, so it works from a checkout and from an
+installed wheel); the URL is
 handed to ``migrations/env.py`` through ``Config.attributes``, which avoids
 configparser's ``%`` interpolation in passwords.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-import migrations
 from billing.db import make_engine
+from migrations.location import script_location
 
 
 def alembic_config(url: str) -> Config:
     """An Alembic config pointing at kvtoll's migrations and at ``url``."""
     config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.set_main_option("script_location", str(script_location()))
     config.attributes["url"] = url
     return config
 

@@ -51,7 +51,7 @@ def parse_price_per_1m(text: str | Decimal | int, what: str = "price") -> int:
     than 6 decimals, or more than ``MAX_PRICE_USD_PER_1M``.
     """
     value = _parse_decimal(text, what)
-    if value < 0:
+    if value.is_signed():
         raise InvalidInput(f"{what} must not be negative, got {text!r}")
     if value > MAX_PRICE_USD_PER_1M:
         raise InvalidInput(f"{what} must be at most {MAX_PRICE_USD_PER_1M} USD per 1M tokens")
@@ -61,7 +61,7 @@ def parse_price_per_1m(text: str | Decimal | int, what: str = "price") -> int:
 def parse_fraction_ppm(text: str | Decimal | int, what: str = "fraction") -> int:
     """Parse a fraction in [0, 1] (at most 6 decimals) into integer parts per million."""
     value = _parse_decimal(text, what)
-    if not Decimal(0) <= value <= Decimal(1):
+    if value.is_signed() or value > 1:
         raise InvalidInput(f"{what} must be between 0 and 1, got {text!r}")
     return _scaled_int(value, PPM, FRACTION_DECIMALS, what, text)
 
