@@ -41,8 +41,7 @@ class SemanticHit:
 
     choices: tuple[SemanticChoice, ...]
     similarity: float
-    prompt_tokens: int  # of the *new* request (billed at the semantic fraction)
-    completion_tokens: int  # of the stored answer
+    completion_tokens: int  # of the stored answer (the gateway counts the new prompt)
 
 
 @dataclass(frozen=True)

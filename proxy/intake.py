@@ -1,0 +1,152 @@
+"""Intake: everything between the raw HTTP request and an admitted request.
+
+Order: authenticate (401 before anything is parsed) → read the body with a size cap
+→ strict JSON → OpenAI schema (the shared serving models; fields that try to pick an
+upstream are refused) → client salt fields dropped → model served? (404) → prompt
+tokens → admission limits → per-key rate limit (429). The result is an immutable
+:class:`Prepared` request with a fresh server-side request id.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import anyio
+
+from billing.accounts import KeyIdentity
+from engine.serving.errors import INVALID_REQUEST, OpenAIError, decode_json_body
+from engine.serving.protocol import (
+    ChatCompletionRequest,
+    OpenAIRequest,
+    parse_request,
+    strip_client_salt,
+)
+from proxy.admission import Admitted, admit
+from proxy.auth import KeyAuthenticator
+from proxy.config import ProxyConfig
+from proxy.metrics import ProxyMetrics
+from proxy.prompt import PromptCount, PromptCounter
+from proxy.ratelimit import KeyLimits, RateLimiter
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An authenticated, validated, admitted request."""
+
+    request_id: str
+    kind: Kind
+    identity: KeyIdentity
+    request: OpenAIRequest
+    body: dict[str, Any]  # client body minus salt fields, max_tokens filled in
+    admitted: Admitted
+    prompt: PromptCount
+    arrived_at: datetime
+    started: float  # perf_counter at arrival
+    no_cache: bool  # Cache-Control: no-cache -> skip the semantic lookup
+    no_store: bool  # Cache-Control: no-store -> do not store the answer
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+
+class RateLimited(OpenAIError):
+    def __init__(self, limit: str, retry_after_s: int) -> None:
+        super().__init__(
+            f"Rate limit reached for {limit} per minute; retry after {retry_after_s} s",
+            status=429, type=limit, code="rate_limit_exceeded",
+        )
+        self.retry_after_s = retry_after_s
+
+
+def cache_directives(header: str | None) -> tuple[bool, bool]:
+    """``(no_cache, no_store)`` from a ``Cache-Control`` header."""
+    tokens = {t.strip().lower() for t in (header or "").split(",")}
+    return "no-cache" in tokens, "no-store" in tokens
+
+
+class Intake:
+    """Turns raw requests into :class:`Prepared` ones (see module doc)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        authenticator: KeyAuthenticator,
+        limiter: RateLimiter,
+        counter: PromptCounter,
+        metrics: ProxyMetrics,
+        *,
+        models: Collection[str],
+        context_len: int | None,
+    ) -> None:
+        self._config = config
+        self._auth = authenticator
+        self._limiter = limiter
+        self._counter = counter
+        self._metrics = metrics
+        self._models = frozenset(models)
+        self._context_len = context_len
+
+    async def authenticate(self, authorization: str | None) -> KeyIdentity:
+        """The caller's identity; database lookups run in a worker thread."""
+        identity = self._auth.cached(authorization)
+        if identity is not None:
+            return identity
+        return await anyio.to_thread.run_sync(self._auth.authenticate, authorization)
+
+    async def prepare(
+        self,
+        kind: Kind,
+        identity: KeyIdentity,
+        read_body: Callable[[int], Awaitable[bytes]],
+        cache_control: str | None,
+    ) -> Prepared:
+        """Validate and admit one request of ``identity`` (raises :class:`OpenAIError`)."""
+        started = time.perf_counter()
+        arrived_at = datetime.now(UTC)
+        data = decode_json_body(await read_body(self._config.limits.max_body_bytes))
+        request = parse_request(kind, data)
+        if request.model not in self._models:
+            raise OpenAIError(
+                f"The model '{request.model}' does not exist or you do not have access to it.",
+                status=404, type=INVALID_REQUEST, param="model", code="model_not_found",
+            )
+        prompt = self._counter.count(request)
+        wanted = (
+            request.requested_max_tokens()
+            if isinstance(request, ChatCompletionRequest)
+            else request.max_tokens
+        )
+        admitted = admit(
+            prompt.num_tokens, wanted, request.n, self._config.limits,
+            context_len=self._context_len,
+        )
+        await self._rate_limit(identity, admitted)
+        body = strip_client_salt(data)
+        body.pop("max_completion_tokens", None)
+        body["max_tokens"] = admitted.max_tokens
+        no_cache, no_store = cache_directives(cache_control)
+        return Prepared(
+            request_id=str(uuid.uuid4()), kind=kind, identity=identity, request=request,
+            body=body, admitted=admitted, prompt=prompt, arrived_at=arrived_at,
+            started=started, no_cache=no_cache, no_store=no_store,
+        )
+
+    async def _rate_limit(self, identity: KeyIdentity, admitted: Admitted) -> None:
+        defaults = self._config.rate_limits
+        limits = KeyLimits(
+            identity.requests_per_minute or defaults.requests_per_minute,
+            identity.tokens_per_minute or defaults.tokens_per_minute,
+        )
+        decision = await self._limiter.check(identity.key_id, limits, admitted.cost_tokens)
+        if not decision.allowed:
+            limit = decision.limit or "requests"
+            self._metrics.ratelimited.labels(limit).inc()
+            raise RateLimited(limit, decision.retry_after_s)

@@ -1,0 +1,333 @@
+"""The request flow after intake: semantic lookup → upstream choice → relay → meter.
+
+::
+
+    Prepared ──► semantic.lookup ──hit──► cached answer ─────────────┐
+                     │ miss / no-cache / no cache configured          │
+                     ▼                                                ▼
+    candidates (healthy, router.rank) ─► first item of upstream 1 ─► relay items ─► client
+                     │ fails before its first item: next candidate    │ usage item:
+                     ▼                                                ▼ ledger row (OK)
+                 502 + ledger row (upstream_error, 0 tokens)     stream ends early:
+                                                                  ledger row (client_disconnect
+                                                                  / upstream_error, tokens so far)
+
+Retries happen only while opening (nothing has reached the client). Exactly one
+ledger row is written per admitted request, from the relay's ``finally`` (shielded
+from cancellation), before the usage item is passed on; a semantic answer that
+completed with ``stop`` everywhere is offered to the cache afterwards in the
+background. Services never import FastAPI; the routes render what this yields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from billing.ledger import LedgerEntry
+from billing.models import RequestStatus, ServedBy
+from engine.api import Tokenizer
+from engine.kv.hashing import derive_tenant_salt
+from engine.serving.errors import SERVER_ERROR, OpenAIError
+from proxy.config import ProxyConfig
+from proxy.hooks import (
+    RouterHook,
+    SemanticAnswer,
+    SemanticCacheHook,
+    SemanticHit,
+    SemanticQuery,
+)
+from proxy.intake import Prepared
+from proxy.metering import Meter
+from proxy.metrics import ProxyMetrics
+from proxy.pool import UpstreamPool
+from proxy.semantic_bridge import answer_of, hit_items, query_of
+from proxy.tally import Item, Tally
+from proxy.upstream.base import (
+    Upstream,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamRequest,
+    UpstreamUsage,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reply:
+    """A response in flight: iterate ``items`` exactly once (or ``aclose`` it)."""
+
+    request_id: str
+    worker: str | None
+    semantic: bool
+    no_cache: bool
+    items: AsyncIterator[Item]
+    tally: Tally
+    similarity: float | None = None
+
+    def cache_header(self) -> str:
+        """``x-kvtoll-cache``: semantic | prefix | bypass | miss (prefix needs the usage)."""
+        if self.semantic:
+            return "semantic"
+        usage = self.tally.usage
+        if usage is not None and usage.cached_tokens > 0:
+            return "prefix"
+        return "bypass" if self.no_cache else "miss"
+
+
+@dataclass
+class _Flight:
+    prep: Prepared
+    endpoint: str
+    tally: Tally
+    served_by: ServedBy
+    upstream: Upstream | None = None
+    upstream_request: UpstreamRequest | None = None
+    hit: SemanticHit | None = None
+    query: SemanticQuery | None = None
+    metered: bool = field(default=False)
+
+
+class UpstreamUnavailable(OpenAIError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"No upstream could serve the request: {detail}", status=502, type=SERVER_ERROR,
+            code="upstream_unavailable",
+        )
+
+
+class Gateway:
+    """Runs admitted requests (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        pool: UpstreamPool,
+        meter: Meter,
+        metrics: ProxyMetrics,
+        config: ProxyConfig,
+        server_secret: bytes,
+        tokenizer: Tokenizer | None = None,
+        semantic: SemanticCacheHook | None = None,
+        router: RouterHook | None = None,
+    ) -> None:
+        self._pool = pool
+        self._meter = meter
+        self._metrics = metrics
+        self._config = config
+        self._secret = server_secret
+        self._tokenizer = tokenizer
+        self._semantic = semantic
+        self._router = router
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def open(self, prep: Prepared, endpoint: str) -> Reply:
+        """Start answering ``prep``; raises :class:`OpenAIError` if no upstream can."""
+        if self._semantic is not None:
+            query = query_of(prep)
+            if not prep.no_cache:
+                hit = await self._semantic.lookup(query)
+                self._metrics.record_semantic_lookup(hit is not None)
+                if hit is not None:
+                    return self._semantic_reply(prep, endpoint, query, hit)
+        else:
+            query = None
+        return await self._upstream_reply(prep, endpoint, query)
+
+    def _semantic_reply(
+        self, prep: Prepared, endpoint: str, query: SemanticQuery, hit: SemanticHit
+    ) -> Reply:
+        flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.SEMANTIC, hit=hit,
+                         query=query)
+        items = self._relay(flight, _aiter(hit_items(hit, prep.prompt.num_tokens)))
+        return Reply(prep.request_id, None, True, prep.no_cache, items, flight.tally,
+                     similarity=hit.similarity)
+
+    async def _upstream_reply(
+        self, prep: Prepared, endpoint: str, query: SemanticQuery | None
+    ) -> Reply:
+        request = UpstreamRequest(
+            request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
+            salt=derive_tenant_salt(self._secret, prep.identity.tenant_id),
+            prompt_token_ids=prep.prompt.token_ids,
+        )
+        flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
+                         upstream_request=request, query=query)
+        try:
+            upstream, source = await self._connect(request)
+        except UpstreamRejected as exc:
+            raise OpenAIError(str(exc), status=exc.status, param=exc.param,
+                              code="upstream_rejected") from exc
+        except UpstreamUnavailable:
+            with anyio.CancelScope(shield=True):
+                await self._finish(flight, RequestStatus.UPSTREAM_ERROR)
+            raise
+        flight.upstream = upstream
+        items = self._relay(flight, source)
+        return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally)
+
+    async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
+        candidates = self._pool.candidates()
+        if self._router is not None and len(candidates) > 1:
+            return await self._router.rank(candidates, request)
+        return candidates
+
+    async def _connect(self, request: UpstreamRequest) -> tuple[Upstream, AsyncIterator[Item]]:
+        """The first upstream that produces a first item, and its items (first included)."""
+        problems: list[str] = []
+        for upstream in await self._candidates(request):
+            stream = upstream.stream(request)
+            try:
+                async with asyncio.timeout(self._config.upstream_first_byte_timeout_s):
+                    first = await anext(stream)
+            except UpstreamRejected:
+                await _close(stream)
+                raise
+            except (UpstreamError, TimeoutError, OSError, StopAsyncIteration) as exc:
+                await _close(stream)
+                problems.append(f"{upstream.name}: {exc or type(exc).__name__}")
+                if isinstance(exc, UpstreamError) and not exc.retryable:
+                    break
+                if not isinstance(exc, TimeoutError):
+                    self._pool.mark(upstream, False)
+                continue
+            return upstream, self._timed(first, stream)
+        raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
+
+    async def _timed(self, first: Item, stream: AsyncIterator[Item]) -> AsyncIterator[Item]:
+        try:
+            yield first
+            while True:
+                try:
+                    async with asyncio.timeout(self._config.upstream_idle_timeout_s):
+                        item = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise UpstreamError("upstream stalled", retryable=False) from None
+                yield item
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _close(stream)
+
+    async def _relay(self, flight: _Flight, source: AsyncIterator[Item]) -> AsyncIterator[Item]:
+        status = RequestStatus.CLIENT_DISCONNECT
+        try:
+            async for item in source:
+                flight.tally.add(item)
+                if isinstance(item, UpstreamUsage):
+                    with anyio.CancelScope(shield=True):
+                        await self._finish(flight, RequestStatus.OK)
+                yield item
+            if not flight.metered:
+                status = RequestStatus.UPSTREAM_ERROR
+                raise UpstreamError("upstream ended without usage", retryable=False)
+        except (UpstreamError, OSError):
+            status = RequestStatus.UPSTREAM_ERROR
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _close(source)
+                if not flight.metered:
+                    await self._finish(flight, status)
+
+    async def _finish(self, flight: _Flight, status: RequestStatus) -> None:
+        """Write the request's one ledger row and update metrics, hooks and caches."""
+        if flight.metered:
+            return
+        flight.metered = True
+        prompt, cached, completion = _billable_tokens(flight)
+        entry = _ledger_entry(flight, status, prompt, cached, completion)
+        await self._meter.record(entry)
+        self._observe(flight, status, entry, prompt, cached, completion)
+        if self._router is not None and flight.upstream and flight.upstream_request:
+            await self._router.release(flight.upstream, flight.upstream_request)
+        if status is RequestStatus.OK and flight.served_by is ServedBy.ENGINE:
+            self._maybe_store(flight)
+
+    def _observe(self, flight: _Flight, status: RequestStatus, entry: LedgerEntry,
+                 prompt: int, cached: int, completion: int) -> None:
+        layer = "semantic" if flight.served_by is ServedBy.SEMANTIC else (
+            "prefix" if cached else "miss")
+        self._metrics.requests.labels(flight.endpoint, layer, status.value).inc()
+        if flight.served_by is ServedBy.SEMANTIC:
+            self._metrics.record_semantic_tokens(prompt, completion)
+        else:
+            self._metrics.record_upstream_tokens(prompt, cached, completion)
+        if entry.latency_ms is not None:
+            self._metrics.latency.labels(flight.endpoint).observe(entry.latency_ms / 1000)
+        if entry.ttft_ms is not None:
+            self._metrics.ttft.labels(flight.endpoint).observe(entry.ttft_ms / 1000)
+
+    def _maybe_store(self, flight: _Flight) -> None:
+        if (self._semantic is None or flight.query is None or flight.prep.no_store
+                or not flight.tally.all_stopped()):
+            return
+        answer = answer_of(flight.tally, flight.prep.admitted.prompt_tokens)
+        task = asyncio.create_task(self._store(flight.query, answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
+        assert self._semantic is not None
+        try:
+            await self._semantic.store(query, answer)
+        except Exception:
+            log.exception("semantic cache store failed")
+
+    async def aclose(self) -> None:
+        """Wait for background cache stores to finish."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _billable_tokens(flight: _Flight) -> tuple[int, int, int]:
+    """(prompt, cached, completion) to bill; see the module doc of :mod:`proxy.tally`."""
+    if flight.hit is not None:
+        prompt = flight.prep.prompt.num_tokens
+        return prompt, prompt, flight.hit.completion_tokens
+    usage = flight.tally.usage
+    if usage is not None:
+        return usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens), (
+            usage.completion_tokens)
+    if flight.tally.produced_anything:
+        return flight.prep.prompt.num_tokens, 0, flight.tally.completion_tokens()
+    return 0, 0, 0
+
+
+def _ledger_entry(flight: _Flight, status: RequestStatus, prompt: int, cached: int,
+                  completion: int) -> LedgerEntry:
+    prep = flight.prep
+    now = time.perf_counter()
+    first = flight.tally.first_token_at
+    return LedgerEntry(
+        request_id=prep.request_id, tenant_id=prep.identity.tenant_id,
+        api_key_id=prep.identity.key_id, model=prep.model, served_by=flight.served_by,
+        status=status, prompt_tokens=prompt, cached_tokens=cached,
+        completion_tokens=completion,
+        similarity=flight.hit.similarity if flight.hit else None,
+        worker=flight.upstream.name if flight.upstream else None,
+        created_at=prep.arrived_at,
+        latency_ms=round((now - prep.started) * 1000, 3),
+        ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
+    )
+
+
+async def _aiter(items: Sequence[Item]) -> AsyncIterator[Item]:
+    for item in items:
+        yield item
+
+
+async def _close(stream: AsyncIterator[Item]) -> None:
+    closer = getattr(stream, "aclose", None)
+    if closer is not None:
+        try:
+            await closer()
+        except Exception:
+            log.debug("closing an upstream stream failed", exc_info=True)

@@ -1,0 +1,69 @@
+"""Running totals of one response's stream: text per choice, finish reasons, usage.
+
+When the upstream's usage item never arrives (client gone, upstream died mid-way)
+the completion tokens are recounted from the text received: exactly with the
+tokenizer when the gateway has one, else one token per non-empty delta (engines
+send one delta per decoded token or fewer, so this never over-bills).
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.api import Tokenizer
+from engine.serving.responses import ChoiceResult
+from proxy.upstream.base import UpstreamDelta, UpstreamUsage
+
+Item = UpstreamDelta | UpstreamUsage
+
+
+class Tally:
+    """Accumulates the items of one response (see module doc)."""
+
+    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, list[str]] = {}
+        self._finish: dict[int, str | None] = {}
+        self._num_text_deltas = 0
+        self.usage: UpstreamUsage | None = None
+        self.first_token_at: float | None = None
+
+    def add(self, item: Item) -> None:
+        """Fold one upstream item into the totals."""
+        if isinstance(item, UpstreamUsage):
+            self.usage = item
+            return
+        self._texts.setdefault(item.index, [])
+        if item.text:
+            self._texts[item.index].append(item.text)
+            self._num_text_deltas += 1
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+        if item.finish_reason is not None:
+            self._finish[item.index] = item.finish_reason
+
+    @property
+    def produced_anything(self) -> bool:
+        return self._num_text_deltas > 0
+
+    def text(self, index: int) -> str:
+        return "".join(self._texts.get(index, ()))
+
+    def completion_tokens(self) -> int:
+        """Reported completion tokens, else recounted from the text received."""
+        if self.usage is not None:
+            return self.usage.completion_tokens
+        if self._tokenizer is None:
+            return self._num_text_deltas
+        return sum(len(self._tokenizer.encode(self.text(i))) for i in self._texts)
+
+    def choices(self) -> list[ChoiceResult]:
+        """Every choice seen, by index, with its text and finish reason."""
+        return [
+            ChoiceResult(index=i, text=self.text(i), finish_reason=self._finish.get(i))
+            for i in sorted(self._texts)
+        ]
+
+    def all_stopped(self) -> bool:
+        """True if every choice ended with ``stop`` (complete, cacheable answers)."""
+        return bool(self._texts) and all(self._finish.get(i) == "stop" for i in self._texts)
