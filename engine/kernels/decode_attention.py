@@ -176,7 +176,7 @@ def _check_decode(
     seq_lens: torch.Tensor,
     block_n: int,
 ) -> None:
-    check_device(q, k_cache, v_cache, block_tables, seq_lens)
+    check_device(_decode_split_kernel, q, k_cache, v_cache, block_tables, seq_lens)
     check_dtype("q", q)
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match")
@@ -246,7 +246,7 @@ def _launch_decode(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
-        UPCAST=upcast_inputs(q.dtype),
+        UPCAST=upcast_inputs(_decode_split_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
     _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -167,7 +167,7 @@ def _check_extend(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
 ) -> None:
-    check_device(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables)
+    check_device(_extend_kernel, q, k_cache, v_cache, query_start_loc, seq_lens, block_tables)
     check_dtype("q", q)
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match")
@@ -229,7 +229,7 @@ def _launch_extend(
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        UPCAST=upcast_inputs(q.dtype),
+        UPCAST=upcast_inputs(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
     return out

@@ -63,7 +63,7 @@ def _check_kv_write(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    check_device(k, v, k_cache, v_cache, slot_mapping)
+    check_device(_kv_write_kernel, k, v, k_cache, v_cache, slot_mapping)
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_dtype(name, t)
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:

@@ -1,0 +1,59 @@
+"""Which attention backend runs: ``auto`` = Triton on CUDA (when Triton is installed),
+torch elsewhere; ``torch`` and ``triton`` force one. Triton on a CPU device is allowed
+only under the Triton interpreter (``TRITON_INTERPRET=1``), which tests use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from engine.attention.base import AttentionBackend
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package can be imported here."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def resolve_backend_name(name: str, device: torch.device | str) -> str:
+    """``torch`` or ``triton`` for a setting value and a device; ValueError if impossible."""
+    dev = torch.device(device)
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"attention backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        return "triton" if dev.type == "cuda" and triton_available() else "torch"
+    if name == "triton":
+        if not triton_available():
+            raise ValueError("attention backend 'triton' needs the triton package")
+        if dev.type != "cuda" and not _interpreting():
+            raise ValueError(
+                f"attention backend 'triton' needs a CUDA device (got {dev.type}); "
+                "on CPU set TRITON_INTERPRET=1 to run the kernels in the Triton interpreter"
+            )
+    return name
+
+
+def select_attention_backend(name: str, device: torch.device | str) -> AttentionBackend:
+    """The backend for a setting value (``auto``/``torch``/``triton``) on ``device``."""
+    dev = torch.device(device)
+    if resolve_backend_name(name, dev) == "triton":
+        from engine.attention.triton_backend import TritonAttentionBackend, kernels_run_on_cpu
+
+        if dev.type != "cuda" and not kernels_run_on_cpu():
+            raise ValueError(
+                "TRITON_INTERPRET=1 was set after the Triton kernels were imported; "
+                "set it before the process imports engine.kernels"
+            )
+        return TritonAttentionBackend()
+    from engine.attention.torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend()
