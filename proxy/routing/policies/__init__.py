@@ -1,0 +1,1 @@
+"""Routing policies, one module each; see :mod:`proxy.routing.policy` for the interface."""
