@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -67,7 +67,7 @@ class Reply:
     worker: str | None
     semantic: bool
     no_cache: bool
-    items: AsyncIterator[Item]
+    items: AsyncGenerator[Item, None]
     tally: Tally
     similarity: float | None = None
 
@@ -216,7 +216,9 @@ class Gateway:
             with anyio.CancelScope(shield=True):
                 await _close(stream)
 
-    async def _relay(self, flight: _Flight, source: AsyncIterator[Item]) -> AsyncIterator[Item]:
+    async def _relay(
+        self, flight: _Flight, source: AsyncIterator[Item]
+    ) -> AsyncGenerator[Item, None]:
         status = RequestStatus.CLIENT_DISCONNECT
         try:
             async for item in source:

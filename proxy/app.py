@@ -1,0 +1,129 @@
+"""The gateway's FastAPI app, built by :func:`create_app` (nothing happens at import).
+
+The caller builds the expensive parts (settings, database session factory, upstreams,
+optional semantic cache and router) and hands them in; the factory wires auth,
+admission, rate limiting, metering with its outbox, metrics and routes around them.
+Startup replays the outbox (usage left by a crashed process) and starts two
+background loops: outbox replay and upstream health checks. Shutdown stops them and
+closes the upstreams, the rate limiter and the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.errors import BillingError
+from engine.api import Tokenizer
+from engine.serving.errors import error_response, install_error_handlers
+from proxy import admin
+from proxy.auth import KeyAuthenticator
+from proxy.config import ProxyConfig
+from proxy.hooks import RouterHook, SemanticCacheHook
+from proxy.intake import Intake, RateLimited
+from proxy.metering import Meter
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import Outbox
+from proxy.pool import UpstreamPool
+from proxy.prompt import PromptCounter
+from proxy.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
+from proxy.routes import openai as openai_routes
+from proxy.routes import ops as ops_routes
+from proxy.service import Gateway
+from proxy.settings import Settings
+from proxy.state import ProxyState
+from proxy.upstream.base import Upstream
+
+DEFAULT_RATELIMIT_PREFIX = "kvtoll:rl:"
+
+
+def _limiter(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
+             prefix: str) -> RateLimiter:
+    if settings.redis_url:
+        return RedisRateLimiter.from_url(
+            settings.redis_url, config.rate_limits, metrics, prefix=prefix
+        )
+    return LocalRateLimiter()
+
+
+async def _on_rate_limited(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RateLimited)
+    return error_response(exc, headers={"Retry-After": str(exc.retry_after_s)})
+
+
+def create_app(
+    settings: Settings,
+    *,
+    upstreams: Sequence[Upstream],
+    session_factory: sessionmaker[Session],
+    models: Sequence[str],
+    tokenizer: Tokenizer | None = None,
+    context_len: int | None = None,
+    config: ProxyConfig | None = None,
+    semantic: SemanticCacheHook | None = None,
+    router: RouterHook | None = None,
+    limiter: RateLimiter | None = None,
+    ratelimit_prefix: str = DEFAULT_RATELIMIT_PREFIX,
+) -> FastAPI:
+    """Build the gateway app. Raises ``ValueError`` if the settings are unsafe to serve
+    with (admin token empty or well known, or no server secret, outside dev mode)."""
+    problem = settings.admin_token_problem()
+    if problem:
+        raise ValueError(problem)
+    secret = settings.server_secret()
+    if not models:
+        raise ValueError("at least one model name is required")
+    config = config or ProxyConfig()
+    metrics = ProxyMetrics.create()
+    outbox = Outbox.in_dir(settings.data_dir)
+    metrics.outbox_depth.set(outbox.depth())
+    meter = Meter(session_factory, outbox, metrics,
+                  db_retry_after_failure_s=config.db_retry_after_failure_s)
+    pool = UpstreamPool(upstreams, metrics)
+    limiter = limiter or _limiter(settings, config, metrics, ratelimit_prefix)
+    authenticator = KeyAuthenticator(
+        session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size
+    )
+    intake = Intake(config, authenticator, limiter, PromptCounter(tokenizer), metrics,
+                    models=models, context_len=context_len)
+    gateway = Gateway(pool=pool, meter=meter, metrics=metrics, config=config,
+                      server_secret=secret, tokenizer=tokenizer, semantic=semantic,
+                      router=router)
+    state = ProxyState(settings=settings, config=config, session_factory=session_factory,
+                       metrics=metrics, intake=intake, gateway=gateway, pool=pool, meter=meter,
+                       outbox=outbox, limiter=limiter, models=tuple(models))
+    app = FastAPI(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    app.state.kvtoll = state
+    install_error_handlers(app)
+    app.add_exception_handler(RateLimited, _on_rate_limited)
+    app.add_exception_handler(BillingError, admin.on_billing_error)
+    app.include_router(openai_routes.router)
+    app.include_router(ops_routes.router)
+    app.include_router(admin.router)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ProxyState = app.state.kvtoll
+    await state.meter.replay()  # usage a previous process left in the outbox
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(state.meter.run_replayer(state.config.outbox_replay_interval_s)),
+        asyncio.create_task(state.pool.run_health_checks(state.config.health_check_interval_s)),
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await state.gateway.aclose()
+        await state.limiter.aclose()
+        await state.pool.aclose()
+        await asyncio.to_thread(state.outbox.close)

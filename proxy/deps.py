@@ -1,0 +1,70 @@
+"""FastAPI dependency aliases (``Annotated``) used by the thin routes."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from billing.accounts import KeyIdentity
+from engine.serving.errors import INVALID_REQUEST, OpenAIError
+from proxy.settings import Settings
+from proxy.state import ProxyState
+
+
+def get_state(request: Request) -> ProxyState:
+    state: ProxyState = request.app.state.kvtoll
+    return state
+
+
+StateDep = Annotated[ProxyState, Depends(get_state)]
+
+
+def get_settings(state: StateDep) -> Settings:
+    return state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_session(state: StateDep) -> Iterator[Session]:
+    """A session in a transaction committed when the route returns (rolled back on error)."""
+    with state.session_factory.begin() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+async def get_key(
+    state: StateDep, authorization: Annotated[str | None, Header()] = None
+) -> KeyIdentity:
+    """The caller's key identity (401 in OpenAI's shape otherwise)."""
+    return await state.intake.authenticate(authorization)
+
+
+KeyDep = Annotated[KeyIdentity, Depends(get_key)]
+
+
+def require_admin(
+    state: StateDep, authorization: Annotated[str | None, Header()] = None
+) -> None:
+    """Admin token check: constant-time compare; the admin API is off with no token."""
+    expected = state.settings.admin_token.get_secret_value()
+    if not expected:
+        raise OpenAIError(
+            "the admin API is disabled: set KVTOLL_ADMIN_TOKEN", status=403,
+            type=INVALID_REQUEST, code="admin_disabled",
+        )
+    scheme, _, token = (authorization or "").partition(" ")
+    presented = token.strip().encode() if scheme.lower() == "bearer" else b""
+    if not hmac.compare_digest(presented, expected.encode()):
+        raise OpenAIError(
+            "invalid admin token", status=401, type=INVALID_REQUEST, code="invalid_admin_token"
+        )
+
+
+AdminDep = Depends(require_admin)

@@ -1,0 +1,74 @@
+"""Upstream items → OpenAI response objects and SSE frames (via the shared builders)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from engine.serving.errors import SERVER_ERROR, OpenAIError, error_body
+from engine.serving.responses import (
+    Kind,
+    ResponseMeta,
+    chat_chunk,
+    chat_completion,
+    text_chunk,
+    text_completion,
+    usage_chunk,
+    usage_dict,
+)
+from engine.serving.sse import SSE_DONE, sse_event
+from proxy.tally import Tally
+from proxy.upstream.base import UpstreamDelta, UpstreamError, UpstreamUsage
+
+log = logging.getLogger(__name__)
+
+
+def usage_of(usage: UpstreamUsage) -> dict[str, Any]:
+    """OpenAI usage with ``prompt_tokens_details.cached_tokens``."""
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    return usage_dict(usage.prompt_tokens, usage.completion_tokens, cached)
+
+
+def whole_response(kind: Kind, meta: ResponseMeta, tally: Tally) -> dict[str, Any]:
+    """The non-streamed body once every item was folded into ``tally``."""
+    if tally.usage is None:
+        raise RuntimeError("a finished response must carry usage")
+    build = chat_completion if kind == "chat" else text_completion
+    return build(meta, tally.choices(), usage_of(tally.usage))
+
+
+def _delta_frame(kind: Kind, meta: ResponseMeta, delta: UpstreamDelta, first: bool) -> bytes:
+    if kind == "chat":
+        return sse_event(
+            chat_chunk(
+                meta, delta.index, role="assistant" if first else None,
+                content=delta.text, finish_reason=delta.finish_reason,
+            )
+        )
+    return sse_event(text_chunk(meta, delta.index, delta.text, delta.finish_reason))
+
+
+async def sse_frames(
+    kind: Kind, meta: ResponseMeta, items: AsyncGenerator[UpstreamDelta | UpstreamUsage, None],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """SSE frames for ``items``; an upstream failure mid-stream ends with an error event."""
+    started: set[int] = set()
+    try:
+        async for item in items:
+            if isinstance(item, UpstreamUsage):
+                if include_usage:
+                    yield sse_event(usage_chunk(kind, meta, usage_of(item)))
+                continue
+            yield _delta_frame(kind, meta, item, item.index not in started)
+            started.add(item.index)
+        yield SSE_DONE
+    except (UpstreamError, OpenAIError, OSError) as exc:
+        log.warning("stream %s failed mid-way: %s", meta.id, exc)
+        yield sse_event(
+            error_body(f"upstream failed mid-stream: {exc}", type=SERVER_ERROR,
+                       code="upstream_error")
+        )
+    finally:
+        await items.aclose()

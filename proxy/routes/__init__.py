@@ -1,0 +1,1 @@
+"""Thin HTTP routes of the gateway: parse → call a service → render."""

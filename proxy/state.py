@@ -1,0 +1,32 @@
+"""Everything one app instance owns, built once by :func:`proxy.app.create_app`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from proxy.config import ProxyConfig
+from proxy.intake import Intake
+from proxy.metering import Meter
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import Outbox
+from proxy.pool import UpstreamPool
+from proxy.ratelimit import RateLimiter
+from proxy.service import Gateway
+from proxy.settings import Settings
+
+
+@dataclass(frozen=True)
+class ProxyState:
+    settings: Settings
+    config: ProxyConfig
+    session_factory: sessionmaker[Session]
+    metrics: ProxyMetrics
+    intake: Intake
+    gateway: Gateway
+    pool: UpstreamPool
+    meter: Meter
+    outbox: Outbox
+    limiter: RateLimiter
+    models: tuple[str, ...]
