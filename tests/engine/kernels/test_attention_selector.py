@@ -1,0 +1,39 @@
+"""select_attention_backend: auto / torch / triton per device, and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention.selector import resolve_backend_name, select_attention_backend
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.attention.triton_backend import TritonAttentionBackend, kernels_run_on_cpu
+
+
+def test_auto_is_torch_on_cpu_and_triton_on_cuda() -> None:
+    assert isinstance(select_attention_backend("auto", "cpu"), TorchAttentionBackend)
+    assert resolve_backend_name("auto", torch.device("cuda")) == "triton"
+    assert isinstance(select_attention_backend("auto", "cuda"), TritonAttentionBackend)
+
+
+def test_torch_can_be_forced_anywhere() -> None:
+    assert isinstance(select_attention_backend("torch", "cuda"), TorchAttentionBackend)
+    assert select_attention_backend("torch", "cpu").name == "torch"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter path")
+def test_triton_on_cpu_runs_in_the_interpreter() -> None:
+    assert kernels_run_on_cpu()  # the conftest's TRITON_INTERPRET=1 was honoured
+    backend = select_attention_backend("triton", torch.device("cpu"))
+    assert isinstance(backend, TritonAttentionBackend) and backend.name == "triton"
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        select_attention_backend("triton", "cpu")
+
+
+def test_unknown_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="auto, torch, triton"):
+        select_attention_backend("flash", "cpu")
