@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing import accounts, pricing
+from billing.ledger import LedgerEntry, get_usage, write_usage, write_usage_many
+from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
+from billing.rating import Usage, rate
+
+Factory = sessionmaker[Session]
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _setup(factory: Factory) -> tuple[TenantId, ApiKeyId]:
+    with factory.begin() as session:
+        tenant = accounts.create_tenant(session, "acme")
+        key, _ = accounts.create_key(session, "acme")
+        pricing.set_price(session, "smol", "0.15", "0.075", "0.6", "0.1", effective_from=T0)
+        pricing.set_price(
+            session, "smol", "0.30", "0.15", "1.2", "0.2", effective_from=T0 + timedelta(days=31)
+        )
+        return TenantId(tenant.id), ApiKeyId(key.id)
+
+
+def _entry(tenant_id: TenantId, key_id: ApiKeyId | None, **changes: object) -> LedgerEntry:
+    entry = LedgerEntry(
+        request_id=str(uuid.uuid4()), tenant_id=tenant_id, api_key_id=key_id, model="smol",
+        served_by=ServedBy.ENGINE, status=RequestStatus.OK, prompt_tokens=100,
+        cached_tokens=40, completion_tokens=20, similarity=None, worker="w0",
+        created_at=T0 + timedelta(days=1), latency_ms=12.5, ttft_ms=3.0,
+    )
+    return replace(entry, **changes)  # type: ignore[arg-type]
+
+
+def _rows(factory: Factory) -> int:
+    with factory() as session:
+        return session.scalar(select(func.count()).select_from(UsageRecord)) or 0
+
+
+def test_write_rates_at_the_price_in_force_and_is_idempotent(factory: Factory) -> None:
+    tenant_id, key_id = _setup(factory)
+    january = _entry(tenant_id, key_id)
+    february = _entry(tenant_id, key_id, created_at=T0 + timedelta(days=40))
+    assert write_usage(factory, january) is True
+    assert write_usage(factory, january) is False
+    assert write_usage(factory, replace(january, prompt_tokens=999)) is False
+    assert write_usage(factory, february) is True
+    assert _rows(factory) == 2
+    with factory() as session:
+        first = get_usage(session, january.request_id)
+        second = get_usage(session, february.request_id)
+        assert first is not None and second is not None
+        assert (first.billed_pico, first.list_pico) == (24_000_000, 27_000_000)
+        assert (second.billed_pico, second.list_pico) == (48_000_000, 54_000_000)
+        assert first.price_id is not None and first.price_id != second.price_id
+        assert first.prompt_tokens == 100 and first.created_at == january.created_at
+        assert first.served_by is ServedBy.ENGINE and first.status is RequestStatus.OK
+
+
+def test_semantic_hit_and_missing_price(factory: Factory) -> None:
+    tenant_id, key_id = _setup(factory)
+    hit = _entry(tenant_id, key_id, served_by=ServedBy.SEMANTIC, similarity=0.97, cached_tokens=0)
+    unpriced = _entry(tenant_id, None, model="no-price-yet")
+    early = _entry(tenant_id, key_id, created_at=T0 - timedelta(seconds=1))
+    assert write_usage_many(factory, [hit, unpriced, early, hit]) == 3
+    with factory() as session:
+        row = get_usage(session, hit.request_id)
+        assert row is not None and (row.billed_pico, row.list_pico) == (2_700_000, 27_000_000)
+        assert row.similarity == pytest.approx(0.97)
+        for entry in (unpriced, early):
+            row = get_usage(session, entry.request_id)
+            assert row is not None and row.price_id is None
+            assert (row.billed_pico, row.list_pico) == (0, 0)
+
+
+def test_bad_entries_raise_and_write_nothing(factory: Factory) -> None:
+    tenant_id, key_id = _setup(factory)
+    good = _entry(tenant_id, key_id)
+    with pytest.raises(ValueError, match="exceed"):
+        write_usage(factory, _entry(tenant_id, key_id, cached_tokens=101))
+    with pytest.raises(ValueError, match="UUID"):
+        write_usage(factory, _entry(tenant_id, key_id, request_id="not-a-uuid"))
+    with pytest.raises(ValueError, match="aware"):
+        write_usage(factory, _entry(tenant_id, key_id, created_at=datetime(2026, 1, 2)))
+    with pytest.raises(ValueError):
+        write_usage_many(factory, [good, _entry(tenant_id, key_id, completion_tokens=-1)])
+    with pytest.raises(IntegrityError):  # unknown tenant: the database refuses, we never drop
+        write_usage(factory, _entry(TenantId(999_999), None))
+    assert _rows(factory) == 0
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.integers(0, 5000),
+            st.integers(0, 5000),
+            st.integers(0, 5000),
+            st.sampled_from(ServedBy),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_property_one_row_per_request_id_with_exact_amounts(
+    sqlite_factory: Factory, draws: list[tuple[int, int, int, int, ServedBy]]
+) -> None:
+    with sqlite_factory.begin() as session:
+        tenant = accounts.get_tenant_by_name(session, "acme") or accounts.create_tenant(
+            session, "acme"
+        )
+        if not pricing.list_prices(session):
+            pricing.set_price(session, "smol", "0.15", "0.075", "0.6", "0.1", effective_from=T0)
+    ids = [str(uuid.uuid4()) for _ in range(6)]
+    first_seen: dict[str, LedgerEntry] = {}
+    for index, prompt, cached, completion, served_by in draws:
+        entry = _entry(
+            TenantId(tenant.id), None, request_id=ids[index], prompt_tokens=prompt,
+            cached_tokens=min(cached, prompt), completion_tokens=completion, served_by=served_by,
+        )
+        inserted = write_usage(sqlite_factory, entry)
+        assert inserted is (ids[index] not in first_seen)
+        first_seen.setdefault(ids[index], entry)
+    with sqlite_factory() as session:
+        rows = session.scalars(select(UsageRecord).where(UsageRecord.request_id.in_(ids))).all()
+        price = pricing.price_in_force(session, "smol", T0)
+    assert price is not None and len(rows) == len(first_seen)
+    for row in rows:
+        entry = first_seen[row.request_id]
+        charge = rate(Usage(entry.prompt_tokens, entry.cached_tokens, entry.completion_tokens,
+                            entry.served_by), price)
+        assert (row.billed_pico, row.list_pico) == (charge.billed_pico, charge.list_pico)
+        assert 0 <= row.billed_pico <= row.list_pico
+
+
+def test_concurrent_writers_record_each_request_once(factory: Factory) -> None:
+    tenant_id, key_id = _setup(factory)
+    entries = [_entry(tenant_id, key_id) for _ in range(20)]
+    num_writers = 4
+    barrier = threading.Barrier(num_writers)
+    results: list[list[bool]] = [[] for _ in range(num_writers)]
+    errors: list[BaseException] = []
+
+    def writer(slot: int) -> None:
+        try:
+            barrier.wait()
+            for entry in entries:
+                results[slot].append(write_usage(factory, entry))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(slot,)) for slot in range(num_writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for position in range(len(entries)):
+        assert sum(results[slot][position] for slot in range(num_writers)) == 1
+    assert _rows(factory) == len(entries)
