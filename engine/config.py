@@ -33,7 +33,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_n: int = 8
     max_logprobs: int = 20
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto | torch | triton (engine.attention.selector)
     served_model_name: str | None = None
     seed: int = 0  # tiny model weight init
     num_threads: int | None = None  # torch intra-op threads; None = torch default

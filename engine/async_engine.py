@@ -1,0 +1,195 @@
+"""The async face of the engine (:class:`engine.api.AsyncEngineClient`).
+
+A background thread owns the :class:`LLMEngine` and runs ``step()`` while there is
+work; callers talk to it only through a thread-safe op queue (add / abort) and get
+chunks back on their own event loop via ``call_soon_threadsafe``::
+
+    asyncio caller --ops queue--> step thread --call_soon_threadsafe--> asyncio.Queue
+
+Build one with :func:`engine.factory.build_engine` (``EngineConfig.tiny()`` for tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.api import (
+    EngineLoad,
+    EngineRejected,
+    GenerationChunk,
+    GenerationRequest,
+    KVEvent,
+    Tokenizer,
+)
+from engine.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+_Item = GenerationChunk | BaseException
+
+
+@dataclass(frozen=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[_Item]
+
+
+@dataclass(frozen=True)
+class _Op:
+    kind: str  # "add" | "abort"
+    request: GenerationRequest | None = None
+    request_id: str = ""
+
+
+class AsyncEngine:
+    """Runs an :class:`LLMEngine` on a background thread; streams chunks to asyncio."""
+
+    def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.5) -> None:
+        self.engine = engine
+        self._ops: queue.SimpleQueue[_Op] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._stopping = False
+        self._idle_wait_s = idle_wait_s
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise :class:`EngineRejected` now if ``request`` can never run."""
+        self.engine.validate(request)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream chunks until every choice finished; see :class:`AsyncEngineClient`."""
+        self.engine.validate(request)
+        rid = request.request_id
+        if rid in self._streams:
+            raise EngineRejected(f"request_id: {rid!r} is already in flight")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[rid] = stream
+        self._submit(_Op("add", request=request))
+        remaining = request.sampling.n
+        try:
+            while remaining:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finish_reason is not None:
+                    remaining -= 1
+                yield item
+        finally:
+            self._streams.pop(rid, None)
+            if remaining:
+                self._submit(_Op("abort", request_id=rid))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request: its stream ends with ``abort`` chunks, its blocks are freed."""
+        self._submit(_Op("abort", request_id=request_id))
+
+    def load(self) -> EngineLoad:
+        return self.engine.load()
+
+    def kv_events(self, cursor: int, limit: int = 1000) -> list[KVEvent]:
+        """Events with ``seq >= cursor`` in order (empty when none)."""
+        return self.engine.kv_events(cursor, limit)
+
+    def start(self) -> None:
+        """Start the step thread (idempotent; ``generate`` starts it on demand)."""
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name="kvtoll-engine", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the step thread (blocking); in-flight streams get an error."""
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        self._fail_all(RuntimeError("engine shut down"))
+
+    async def close(self) -> None:
+        """Async :meth:`shutdown`."""
+        await asyncio.to_thread(self.shutdown)
+
+    def _submit(self, op: _Op) -> None:
+        self._ops.put(op)
+        self.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._drain_ops()
+            if not self.engine.has_unfinished():
+                self._wake.wait(self._idle_wait_s)
+                self._wake.clear()
+                continue
+            try:
+                chunks = self.engine.step()
+            except Exception as exc:  # a bug: fail the requests, never hang them
+                log.exception("engine step failed")
+                self._abort_everything(exc)
+                continue
+            self._dispatch(chunks)
+
+    def _drain_ops(self) -> None:
+        while True:
+            try:
+                op = self._ops.get_nowait()
+            except queue.Empty:
+                return
+            if op.kind == "abort":
+                self._dispatch(self.engine.abort_request(op.request_id))
+            elif op.request is not None:
+                self._add(op.request)
+
+    def _add(self, request: GenerationRequest) -> None:
+        if request.request_id not in self._streams:
+            return  # the caller went away before the engine saw it
+        try:
+            self.engine.add_request(request)
+        except ValueError as exc:
+            self._deliver(request.request_id, exc)
+
+    def _dispatch(self, chunks: list[GenerationChunk]) -> None:
+        for c in chunks:
+            self._deliver(c.request_id, c)
+
+    def _deliver(self, request_id: str, item: _Item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # its event loop is closed
+            self._streams.pop(request_id, None)
+
+    def _abort_everything(self, exc: BaseException) -> None:
+        for rid in list(self.engine._requests):
+            self.engine.abort_request(rid)
+        self._fail_all(RuntimeError(f"engine step failed: {exc}"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for rid in list(self._streams):
+            self._deliver(rid, exc)

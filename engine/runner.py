@@ -1,0 +1,112 @@
+"""Model runner: owns the KV cache tensors, turns a batch into tensors, runs the model.
+
+It sees only plain values (token ids, start positions, block ids) — never the
+block pool or the scheduler. Slot of position ``p`` of a sequence::
+
+    slot = block_ids[p // block_size] * block_size + p % block_size
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.model.llama import KVCache, LlamaForCausalLM
+from engine.model.rope import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class RunnerSeq:
+    """One sequence's share of a step."""
+
+    token_ids: tuple[int, ...]  # the new tokens to compute
+    start: int  # their first position (= tokens already cached)
+    block_ids: tuple[int, ...]
+    needs_logits: bool
+
+
+class ModelRunner:
+    """Executes one step of the model over flattened tokens of many sequences."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        backend: AttentionBackend,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: str,
+    ) -> None:
+        cfg = model.config
+        self.model = model
+        self.backend = backend
+        self.block_size = block_size
+        self.device = device
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_size)
+        self.kv_caches: list[KVCache] = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.rope = RotaryEmbedding(cfg, max_model_len, dtype, device)
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, elem: int
+    ) -> int:
+        """KV bytes of one block across all layers (K and V)."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
+
+    def build(
+        self, batch: list[RunnerSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """input_ids, positions, attention metadata and the rows whose logits are needed."""
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        logit_rows: list[int] = []
+        for s in batch:
+            ids.extend(s.token_ids)
+            for p in range(s.start, s.start + len(s.token_ids)):
+                positions.append(p)
+                slots.append(s.block_ids[p // bs] * bs + p % bs)
+            qsl.append(len(ids))
+            if s.needs_logits:
+                logit_rows.append(len(ids) - 1)
+        max_blocks = max(len(s.block_ids) for s in batch)
+        tables = [list(s.block_ids) + [0] * (max_blocks - len(s.block_ids)) for s in batch]
+        seq_lens = tuple(s.start + len(s.token_ids) for s in batch)
+        query_lens = tuple(len(s.token_ids) for s in batch)
+        dev = self.device
+        meta = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+        return (
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            meta,
+            torch.tensor(logit_rows, dtype=torch.long, device=dev),
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: list[RunnerSeq]) -> torch.Tensor:
+        """Run one step; float32 logits [num sequences needing logits, vocab] on CPU."""
+        if not batch:
+            raise ValueError("empty batch")
+        input_ids, positions, meta, rows = self.build(batch)
+        hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend)
+        return self.model.compute_logits(hidden.index_select(0, rows)).cpu()

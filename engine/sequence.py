@@ -1,0 +1,81 @@
+"""Per-choice bookkeeping: tokens, progress through prefill, status, outputs.
+
+A :class:`GenerationRequest` with ``n`` choices becomes ``n`` :class:`Sequence`
+objects sharing the prompt; each has its own seeded generator and detokenizer.
+The scheduler and KV manager read and advance these; nothing here holds tensors
+besides the per-choice ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.api import FinishReason, SamplingParams, TokenLogprob
+from engine.kv.hashing import BlockHash, TenantSalt
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class DetokState:
+    """Incremental detokenization: text already sent and text held back."""
+
+    sent_text: str = ""
+    sent_num_tokens: int = 0
+    logprobs_sent: int = 0
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One choice of one request."""
+
+    seq_id: int
+    request_id: str
+    index: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    salt: TenantSalt | None
+    arrival: int  # admission order; lower = higher priority
+    generator: torch.Generator | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # -1 until the first admission looked the prefix up
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    detok: DetokState = field(default_factory=DetokState)
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def reset_for_recompute(self) -> None:
+        """Preempted: forget the KV state; prompt and outputs so far are re-prefilled."""
+        self.num_computed_tokens = 0
+        self.status = SeqStatus.WAITING
+        self.num_preemptions += 1
