@@ -190,8 +190,12 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    err = OpenAIError("The server had an error while processing your request", status=500,
-                      type=SERVER_ERROR, code="internal_error")
+    err = OpenAIError(
+        "The server had an error while processing your request",
+        status=500,
+        type=SERVER_ERROR,
+        code="internal_error",
+    )
     return error_response(err)
 
 

@@ -179,9 +179,7 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
-            raise OpenAIError(
-                "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
-            )
+            raise OpenAIError("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
         return self
 
     def requested_max_tokens(self) -> int | None:

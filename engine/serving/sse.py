@@ -1,0 +1,48 @@
+"""Server-sent events as OpenAI streams them: ``data: <json>\\n\\n`` frames ending
+with ``data: [DONE]\\n\\n``; and the reverse, reading such a stream line by line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_MEDIA_TYPE = "text/event-stream"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE_SENTINEL = "[DONE]"
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One ``data:`` frame carrying ``payload`` as compact JSON."""
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {body}\n\n".encode()
+
+
+async def aiter_sse_data(lines: AsyncIterable[str]) -> AsyncIterator[str]:
+    """The ``data`` of each event in a stream of lines (already split, no newlines).
+
+    Follows the SSE rules that matter here: ``data:`` lines of one event are joined
+    with ``\\n``, a blank line ends an event, ``:`` lines are comments, other fields
+    (``event:``, ``id:``, ``retry:``) are ignored. A final event without its blank
+    line is still delivered. Stops after ``[DONE]``.
+    """
+    pending: list[str] = []
+    async for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if pending:
+                data = "\n".join(pending)
+                pending = []
+                yield data
+                if data == DONE_SENTINEL:
+                    return
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            pending.append(value[1:] if value.startswith(" ") else value)
+    if pending:
+        yield "\n".join(pending)
