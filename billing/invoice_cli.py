@@ -1,0 +1,116 @@
+"""``kvtoll invoice ...``: close billing periods and export invoices.
+
+    kvtoll invoice generate --period YYYY-MM [--tenant NAME]
+    kvtoll invoice list [--tenant NAME]
+    kvtoll invoice export ID --format csv|json|pdf -o FILE
+
+Caller mistakes print one line and exit 2 with nothing written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from sqlalchemy.orm import Session
+
+from billing.accounts import require_tenant
+from billing.db import make_engine, session_factory
+from billing.errors import BillingError
+from billing.invoice_export import ExportFormat, exact_usd, load_document, render
+from billing.invoices import close_period, list_invoices, parse_period, tenants_to_invoice
+from billing.models import Invoice, Tenant
+from proxy.cli.errors import fail
+from proxy.settings import load_settings
+
+
+@contextmanager
+def _session() -> Iterator[Session]:
+    engine = make_engine(load_settings().database_url)
+    try:
+        with session_factory(engine)() as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+def _describe(invoice: Invoice, tenant_name: str) -> str:
+    return (
+        f"invoice {invoice.id}  tenant={tenant_name}  period={invoice.period}"
+        f"  total_usd={exact_usd(invoice.total_pico)}  list_usd={exact_usd(invoice.list_pico)}"
+        f"  savings_usd={exact_usd(invoice.list_pico - invoice.total_pico)}"
+    )
+
+
+def generate(
+    period: str = typer.Option(..., "--period", help="billing month, YYYY-MM (UTC)"),
+    tenant: str | None = typer.Option(None, "--tenant", help="only this tenant"),
+) -> None:
+    """Close PERIOD (idempotent: a closed invoice is returned unchanged)."""
+    try:
+        month = parse_period(period)
+        with _session() as session:
+            tenants: list[Tenant] = (
+                [require_tenant(session, tenant)]
+                if tenant is not None
+                else list(tenants_to_invoice(session, month))
+            )
+            for row in tenants:
+                invoice = close_period(session, row, month)
+                session.commit()
+                typer.echo(_describe(invoice, row.name))
+    except BillingError as exc:
+        fail(str(exc))
+
+
+def list_command(
+    tenant: str | None = typer.Option(None, "--tenant", help="only this tenant"),
+) -> None:
+    """List closed invoices, newest period first."""
+    try:
+        with _session() as session:
+            tenant_id = require_tenant(session, tenant).id if tenant is not None else None
+            names = {t.id: t.name for t in session.query(Tenant).all()}
+            for invoice in list_invoices(session, tenant_id):
+                typer.echo(_describe(invoice, names.get(invoice.tenant_id, "?")))
+    except BillingError as exc:
+        fail(str(exc))
+
+
+def _parse_export_args(invoice_id: str, fmt: str) -> tuple[int, ExportFormat]:
+    if not invoice_id.isdigit():
+        fail(f"invalid invoice id {invoice_id!r}: expected a number")
+    try:
+        return int(invoice_id), ExportFormat(fmt.lower())
+    except ValueError:
+        fail(f"invalid format {fmt!r}: expected csv, json or pdf")
+
+
+def export(
+    invoice_id: str = typer.Argument(..., help="invoice id (see `kvtoll invoice list`)"),
+    fmt: str = typer.Option(..., "--format", help="csv, json or pdf"),
+    output: Path = typer.Option(..., "-o", "--output", help="file to write"),
+) -> None:
+    """Write one invoice as CSV, JSON or PDF."""
+    number, kind = _parse_export_args(invoice_id, fmt)
+    try:
+        with _session() as session:
+            data = render(load_document(session, number, None), kind)
+    except BillingError as exc:
+        fail(str(exc))
+    try:
+        output.write_bytes(data)
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
+    typer.echo(f"wrote {output} ({len(data)} bytes)")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the ``invoice`` command group to the root CLI."""
+    group = typer.Typer(help="Close billing periods and export invoices.", no_args_is_help=True)
+    group.command("generate")(generate)
+    group.command("list")(list_command)
+    group.command("export")(export)
+    app.add_typer(group, name="invoice")

@@ -1,0 +1,141 @@
+"""Operator dashboard and cross-tenant APIs under ``/admin``.
+
+    GET  /admin/dashboard                          sign-in form or the dashboard
+    POST /admin/dashboard/login | logout           admin token form -> admin cookie
+    GET  /admin/v1/organization/usage/completions  as the tenant API, all tenants;
+    GET  /admin/v1/organization/costs              ``tenant=NAME`` filters, ``group_by``
+                                                   also accepts ``tenant``
+    GET  /admin/v1/invoices[?tenant=NAME]
+    GET  /admin/v1/invoices/{id}/download?format=
+
+Everything answers 503 while ``Settings.admin_token_problem()`` reports a problem.
+Worker status rows come from a callable the proxy passes in (``[]`` if none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.accounts import get_tenant_by_name
+from billing.usage import GroupBy
+from proxy.settings import Settings
+from web.api_views import cost_result, usage_result
+from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, set_cookie
+from web.dashboard_data import WorkerRows, admin_context
+from web.errors import ApiError, bad_param
+from web.pages import add_static_route, render_page, template_environment
+from web.params import day_range
+from web.usage_api import ResultFn, bucketed_answer, download_answer, guarded, invoice_list_answer
+
+STATIC_PREFIX = "/admin/static"
+ADMIN_GROUPS = (GroupBy.TENANT, GroupBy.MODEL, GroupBy.API_KEY)
+WorkerStatusFn = Callable[[], WorkerRows]
+
+
+def _tenant_filter(factory: sessionmaker[Session], name: str | None) -> int | None:
+    if name is None or name == "":
+        return None
+    with factory() as session:
+        tenant = get_tenant_by_name(session, name)
+    if tenant is None:
+        raise bad_param("tenant", f"unknown tenant {name!r}")
+    return tenant.id
+
+
+def _add_api_routes(router: APIRouter, factory: sessionmaker[Session], auth: AdminAuth) -> None:
+    def answer(request: Request, result: ResultFn) -> Response:
+        auth.require(request)
+        tenant_id = _tenant_filter(factory, request.query_params.get("tenant"))
+        return bucketed_answer(
+            factory, request, tenant_id=tenant_id, allowed=ADMIN_GROUPS, result=result
+        )
+
+    @router.get("/admin/v1/organization/usage/completions")
+    def usage_completions(request: Request) -> Response:
+        return guarded(lambda: answer(request, usage_result))
+
+    @router.get("/admin/v1/organization/costs")
+    def costs(request: Request) -> Response:
+        return guarded(lambda: answer(request, cost_result))
+
+    @router.get("/admin/v1/invoices")
+    def invoices(request: Request, tenant: str | None = Query(None)) -> Response:
+        def body() -> Response:
+            auth.require(request)
+            tenant_id = _tenant_filter(factory, tenant)
+            return invoice_list_answer(factory, tenant_id, "/admin/v1/invoices", True)
+
+        return guarded(body)
+
+    @router.get("/admin/v1/invoices/{invoice_id}/download")
+    def download(request: Request, invoice_id: str, format: str | None = Query(None)) -> Response:
+        def body() -> Response:
+            auth.require(request)
+            return download_answer(factory, invoice_id, format, None)
+
+        return guarded(body)
+
+
+def build_admin_dashboard_router(
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    *,
+    worker_status: WorkerStatusFn | None = None,
+) -> APIRouter:
+    """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
+    auth = AdminAuth(settings)
+    env = template_environment()
+    router = APIRouter(include_in_schema=False)
+    add_static_route(router, STATIC_PREFIX)
+    _add_api_routes(router, session_factory, auth)
+
+    def login_page(status: int = 200, error: str | None = None) -> Response:
+        return render_page(env, "login.html", status, static=STATIC_PREFIX,
+                           error=error or auth.problem, disabled=auth.problem is not None,
+                           action="/admin/dashboard/login", field="admin_token",
+                           title="Operator dashboard", label="Admin token", placeholder="")
+
+    @router.get("/admin/dashboard")
+    def dashboard(request: Request, start: str | None = None, end: str | None = None) -> Response:
+        if not auth.is_signed_in(request):
+            return login_page(503 if auth.problem else 200)
+        error = None
+        try:
+            first, stop = day_range(start, end, datetime.now(UTC))
+        except ValueError as exc:
+            error = str(exc)
+            first, stop = day_range(None, None, datetime.now(UTC))
+        workers = list(worker_status()) if worker_status is not None else []
+        with session_factory() as session:
+            context = admin_context(session, first, stop, workers)
+        return render_page(
+            env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
+            start=first.date().isoformat(), end=(stop - timedelta(days=1)).date().isoformat(),
+            dev_open=auth.open_dev_mode, **context,
+        )
+
+    @router.post("/admin/dashboard/login")
+    def login(request: Request, admin_token: str = Form("")) -> Response:
+        try:
+            auth.check_enabled()
+            check_same_origin(request)
+        except ApiError as exc:
+            return exc.response()
+        if not auth.token_matches(admin_token):
+            return login_page(401, "That admin token is not valid.")
+        response = RedirectResponse("/admin/dashboard", status_code=303)
+        set_cookie(response, request, ADMIN_COOKIE, auth.new_session(), "/admin")
+        return response
+
+    @router.post("/admin/dashboard/logout")
+    def logout() -> Response:
+        response = RedirectResponse("/admin/dashboard", status_code=303)
+        response.delete_cookie(ADMIN_COOKIE, path="/admin", httponly=True, samesite="strict")
+        return response
+
+    return router

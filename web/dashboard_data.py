@@ -1,0 +1,155 @@
+"""Template contexts of the tenant and admin dashboards (plain data, no web framework).
+
+Figures come from :mod:`billing.usage` (SQL aggregates) and are formatted here:
+money exactly (:func:`billing.invoice_export.exact_usd`), rates as percentages.
+Chart series are handed to the page as JSON and drawn by Chart.js in the browser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing.invoice_export import exact_usd
+from billing.invoices import list_invoices
+from billing.models import ApiKey, Invoice, Tenant
+from billing.usage import (
+    BucketWidth,
+    GroupBy,
+    UsageQuery,
+    UsageRow,
+    UsageTotals,
+    aggregate_usage,
+    sum_rows,
+)
+
+TOP_SPENDERS = 10
+FORMATS = ("pdf", "csv", "json")
+_MODEL = (GroupBy.MODEL,)
+_KEY = (GroupBy.API_KEY,)
+WorkerRows = Sequence[Mapping[str, object]]
+
+
+def percent(rate: float) -> str:
+    return f"{rate * 100:.1f}%"
+
+
+def totals_view(t: UsageTotals) -> dict[str, Any]:
+    """Every figure a summary card or table row shows."""
+    return {
+        "requests": t.num_requests,
+        "input_tokens": t.prompt_tokens,
+        "cached_tokens": t.cached_tokens,
+        "output_tokens": t.completion_tokens,
+        "semantic_requests": t.semantic_requests,
+        "semantic_tokens": t.semantic_tokens,
+        "engine_cached_tokens": t.engine_cached_tokens,
+        "engine_uncached_tokens": t.engine_uncached_tokens,
+        "engine_output_tokens": t.engine_output_tokens,
+        "billed": exact_usd(t.billed_pico),
+        "list": exact_usd(t.list_pico),
+        "savings": exact_usd(t.savings_pico),
+        "semantic_hit_rate": percent(t.semantic_hit_rate),
+        "prefix_hit_rate": percent(t.prefix_hit_rate),
+    }
+
+
+def chart_width(start: datetime, end: datetime) -> BucketWidth:
+    return BucketWidth.HOUR if end - start <= timedelta(days=2) else BucketWidth.DAY
+
+
+def series(rows: Sequence[UsageRow], start: datetime, end: datetime, width: BucketWidth) -> dict:
+    """Per-bucket chart series over ``[start, end)``, empty buckets included."""
+    by_start = {row.bucket_start: row.totals for row in rows}
+    labels: list[str] = []
+    points: list[UsageTotals] = []
+    cursor = start
+    while cursor < end:
+        labels.append(cursor.strftime("%m-%d %H:00" if width is BucketWidth.HOUR else "%Y-%m-%d"))
+        points.append(by_start.get(cursor, UsageTotals()))
+        cursor += width.delta
+    return {
+        "labels": labels,
+        "requests": [p.num_requests for p in points],
+        "semantic": [p.semantic_tokens for p in points],
+        "cached": [p.engine_cached_tokens for p in points],
+        "uncached": [p.engine_uncached_tokens for p in points],
+        "output": [p.engine_output_tokens for p in points],
+        "billed": [exact_usd(p.billed_pico) for p in points],
+        "list": [exact_usd(p.list_pico) for p in points],
+    }
+
+
+def invoice_rows(invoices: Sequence[Invoice], base: str, names: Mapping[int, str]) -> list[dict]:
+    return [
+        {
+            "id": inv.id,
+            "period": inv.period,
+            "tenant": names.get(inv.tenant_id, ""),
+            "total": exact_usd(inv.total_pico),
+            "list": exact_usd(inv.list_pico),
+            "savings": exact_usd(inv.list_pico - inv.total_pico),
+            "links": {fmt: f"{base}/{inv.id}/download?format={fmt}" for fmt in FORMATS},
+        }
+        for inv in invoices
+    ]
+
+
+def _key_labels(session: Session, tenant_id: int) -> dict[str, str]:
+    stmt = select(ApiKey.id, ApiKey.name, ApiKey.display_prefix).where(
+        ApiKey.tenant_id == tenant_id
+    )
+    return {kid: f"{name or 'unnamed'} ({prefix}…)" for kid, name, prefix in session.execute(stmt)}
+
+
+def tenant_context(session: Session, tenant_id: int, start: datetime, end: datetime) -> dict:
+    """Everything the tenant dashboard shows for ``[start, end)``."""
+    width = chart_width(start, end)
+    bucketed = aggregate_usage(session, UsageQuery(start, end, tenant_id, width=width))
+    by_model = aggregate_usage(session, UsageQuery(start, end, tenant_id, group_by=_MODEL))
+    by_key = aggregate_usage(session, UsageQuery(start, end, tenant_id, group_by=_KEY))
+    labels = _key_labels(session, tenant_id)
+    return {
+        "totals": totals_view(sum_rows(bucketed)),
+        "chart": series(bucketed, start, end, width),
+        "models": [{"name": r.model, **totals_view(r.totals)} for r in by_model],
+        "keys": [
+            {"name": labels.get(r.api_key_id or "", "(deleted key)"), **totals_view(r.totals)}
+            for r in by_key
+        ],
+        "invoices": invoice_rows(list_invoices(session, tenant_id), "/v1/invoices", {}),
+    }
+
+
+def admin_context(
+    session: Session, start: datetime, end: datetime, workers: WorkerRows
+) -> dict[str, Any]:
+    """Everything the operator dashboard shows for ``[start, end)``."""
+    names = {tid: name for tid, name in session.execute(select(Tenant.id, Tenant.name))}
+    per_tenant = aggregate_usage(session, UsageQuery(start, end, None, group_by=(GroupBy.TENANT,)))
+    usage = {row.tenant_id: row.totals for row in per_tenant}
+    tenants = [
+        {"name": name, "id": tid, **totals_view(usage.get(tid, UsageTotals()))}
+        for tid, name in sorted(names.items(), key=lambda item: item[1])
+    ]
+    spenders = sorted(per_tenant, key=lambda r: r.totals.billed_pico, reverse=True)[:TOP_SPENDERS]
+    columns = list(dict.fromkeys(column for row in workers for column in row))
+    return {
+        "totals": totals_view(sum_rows(per_tenant)),
+        "tenants": tenants,
+        "top_spenders": [
+            {"name": names.get(r.tenant_id or 0, "?"), **totals_view(r.totals)} for r in spenders
+        ],
+        "chart": {
+            "labels": [names.get(r.tenant_id or 0, "?") for r in spenders],
+            "billed": [exact_usd(r.totals.billed_pico) for r in spenders],
+            "list": [exact_usd(r.totals.list_pico) for r in spenders],
+        },
+        "worker_columns": columns,
+        "workers": [[str(row.get(c, "")) for c in columns] for row in workers],
+        "invoices": invoice_rows(list_invoices(session, None)[:50], "/admin/v1/invoices", names),
+    }
