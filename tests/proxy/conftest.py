@@ -1,0 +1,35 @@
+"""Proxy fixtures: a migrated SQLite billing database, two tenants, settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.db import make_engine, session_factory
+from billing.migrate import upgrade
+from proxy.settings import Settings, load_settings
+from tests.proxy.helpers import ADMIN_TOKEN, Tenants, seed
+
+
+@pytest.fixture
+def db(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade(sqlite_url)
+    engine = make_engine(sqlite_url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def tenants(db: sessionmaker[Session]) -> Tenants:
+    return seed(db)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, sqlite_url: str) -> Settings:
+    return load_settings(
+        database_url=sqlite_url, admin_token=ADMIN_TOKEN, secret="test-server-secret",
+        data_dir=str(tmp_path / "data"), redis_url=None,
+    )
