@@ -109,20 +109,27 @@ class PrefixRouter:
         prompt_token_ids: Sequence[int],
         salt: TenantSalt | None,
         routing_key: str | None = None,
+        only: Sequence[WorkerId] | None = None,
     ) -> RoutePlan:
         """Hash the prompt with the engine's own function, then :meth:`plan_blocks`."""
         hashes = hash_prompt_blocks(prompt_token_ids, self.block_size, salt)
-        return self.plan_blocks(hashes, len(prompt_token_ids), routing_key)
+        return self.plan_blocks(hashes, len(prompt_token_ids), routing_key, only)
 
     def plan_blocks(
         self,
         block_hashes: Sequence[BlockHash],
         num_prompt_tokens: int,
         routing_key: str | None = None,
+        only: Sequence[WorkerId] | None = None,
     ) -> RoutePlan:
-        """Rank the healthy workers for a prompt given as block hashes."""
+        """Rank the healthy workers for a prompt given as block hashes. With ``only``,
+        rank exactly those workers (ones the source does not know get zero load)."""
         request = RouteRequest(num_prompt_tokens, self.block_size, routing_key)
-        candidates = self.candidates(block_hashes, self._workers.healthy_workers())
+        statuses = self._workers.healthy_workers()
+        if only is not None:
+            known = {s.worker_id: s for s in statuses}
+            statuses = [known.get(w) or WorkerStatus(w, WorkerLoad(), False) for w in only]
+        candidates = self.candidates(block_hashes, statuses)
         cached = {c.worker_id: c.cached_blocks for c in candidates}
         order = self.policy.rank(request, candidates)
         choices = tuple(

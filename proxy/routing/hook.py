@@ -1,0 +1,120 @@
+"""Wiring for the gateway: the :class:`RoutingHook` (``proxy.hooks.RouterHook``) and
+:class:`RoutingStack`, which builds registry, event feeds, router and hook together.
+
+The gateway hands the hook its healthy upstreams; the hook ranks them with the
+:class:`PrefixRouter` (upstream ``name`` = worker id) and tracks each request until
+``release``. Upstreams the registry does not know (an in-process engine) rank with
+zero load and no cache prediction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from redis.asyncio import Redis
+
+from proxy.routing.events import EventFeeds, RedisEventConsumer
+from proxy.routing.policy import Policy, make_policy
+from proxy.routing.registry import RegistryConfig, WorkerRegistry
+from proxy.routing.router import PrefixRouter
+from proxy.routing.types import WorkerId
+from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
+
+
+def routing_key_of(request: UpstreamRequest) -> str:
+    """Tenant (its salt) plus the client's ``user`` field when given: a session key."""
+    user = request.body.get("user")
+    return f"{request.salt.hex()}:{user}" if isinstance(user, str) and user else request.salt.hex()
+
+
+class RoutingHook:
+    """``RouterHook`` over a :class:`PrefixRouter`."""
+
+    def __init__(self, router: PrefixRouter) -> None:
+        self.router = router
+
+    async def rank(
+        self, candidates: Sequence[Upstream], request: UpstreamRequest
+    ) -> list[Upstream]:
+        """``candidates`` best first; the first choice is recorded as dispatched."""
+        by_name = {u.name: u for u in candidates}
+        names = [WorkerId(u.name) for u in candidates]
+        key = routing_key_of(request)
+        if request.prompt_token_ids is None:
+            plan = self.router.plan_blocks((), 0, key, only=names)
+        else:
+            plan = self.router.plan(request.prompt_token_ids, request.salt, key, only=names)
+        if plan.choices:
+            self.router.dispatched(request.request_id, plan, plan.choices[0].worker_id)
+        return [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
+
+    async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
+        """The upstream produced its first item (its prefill is done)."""
+        self.router.first_token(request.request_id)
+
+    async def release(
+        self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
+    ) -> None:
+        """The request finished on ``upstream``; ``usage`` (when given) feeds calibration."""
+        self.router.completed(request.request_id, usage.cached_tokens if usage else None)
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    """What ``kvtoll serve`` decides about routing."""
+
+    policy: str = "cache_aware"
+    block_size: int = 16
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    events_interval_s: float = 0.1
+
+
+class RoutingStack:
+    """Registry + event feeds + router + hook, with their background tasks."""
+
+    def __init__(
+        self,
+        options: RoutingOptions,
+        static_workers: Sequence[tuple[str, str]],
+        redis: Redis | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.options = options
+        self._http = httpx.AsyncClient(timeout=options.registry.check_timeout_s)
+        self.registry = WorkerRegistry(
+            options.registry, static_workers, redis=redis, http=self._http
+        )
+        self.router = PrefixRouter(
+            policy or make_policy(options.policy), self.registry, options.block_size
+        )
+        consumer = (
+            RedisEventConsumer(redis, self.router.precise, prefix=options.registry.redis_prefix)
+            if redis is not None
+            else None
+        )
+        self.feeds = EventFeeds(self.registry, self.router.precise, self._http, consumer)
+        self.hook = RoutingHook(self.router)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """First refresh now (so the pool is known), then the background loops."""
+        await self.registry.refresh()
+        self._stop.clear()
+        self._tasks = [
+            asyncio.create_task(self.registry.run(self._stop)),
+            asyncio.create_task(self.feeds.run(self._stop, self.options.events_interval_s)),
+        ]
+
+    async def aclose(self) -> None:
+        """Stop the loops and close the HTTP client."""
+        self._stop.set()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=5)
+        self._tasks = []
+        await self._http.aclose()

@@ -1,0 +1,290 @@
+"""The worker registry: which engine workers exist, whether they are alive, their load.
+
+Workers come from two places:
+
+* static URLs (``kvtoll serve --worker URL``), kept until the process ends;
+* Redis announcements (when ``KVTOLL_REDIS_URL`` is set): each worker keeps a key
+  ``{prefix}workers:{name}`` alive with :func:`announce` (or a :class:`Heartbeat`
+  task); the key's TTL is the heartbeat deadline, so a worker that stops announcing
+  leaves the pool when its key expires.
+
+Every ``check_interval_s`` each worker gets ``GET /load`` (kvtoll workers: load and
+instance id; they publish KV events) or, when that is 404, ``GET /healthz`` then
+``GET /health`` (other OpenAI-compatible servers: no load, no events).
+``failures_to_evict`` failed checks in a row, or one failure reported by a request,
+take a worker out of the candidates until a check passes again. A worker whose
+instance id changed, or that came back after being down, gets a new ``incarnation``
+so its KV-event feed restarts from scratch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+from redis.asyncio import Redis
+
+from proxy.routing.router import WorkerStatus
+from proxy.routing.types import WorkerId, WorkerLoad
+
+log = logging.getLogger(__name__)
+
+EventTransport = Literal["http", "redis", "none"]
+ProbeKind = Literal["load", "healthz", "health"]
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """Timings of discovery and health checks."""
+
+    redis_prefix: str = "kvtoll:"
+    check_interval_s: float = 1.0
+    check_timeout_s: float = 1.0
+    failures_to_evict: int = 2
+
+    def __post_init__(self) -> None:
+        if self.check_interval_s <= 0 or self.check_timeout_s <= 0 or self.failures_to_evict < 1:
+            raise ValueError("intervals must be positive and failures_to_evict >= 1")
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A snapshot of one known worker."""
+
+    worker_id: WorkerId
+    url: str
+    source: Literal["static", "redis"]
+    kv_events: EventTransport
+    healthy: bool
+    load: WorkerLoad
+    instance_id: str | None
+    incarnation: int
+
+
+@dataclass
+class _Entry:
+    info: WorkerInfo
+    failures: int = 0
+    probe: ProbeKind = "load"
+    last_ok: float = field(default_factory=time.monotonic)
+
+
+def announcement_key(prefix: str, name: str) -> str:
+    return f"{prefix}workers:{name}"
+
+
+async def announce(
+    redis: Redis,
+    url: str,
+    ttl_s: float,
+    *,
+    prefix: str = "kvtoll:",
+    name: str | None = None,
+    kv_events: EventTransport = "http",
+    instance_id: str | None = None,
+) -> None:
+    """Announce (or re-announce) a worker for ``ttl_s`` seconds."""
+    if ttl_s <= 0:
+        raise ValueError("ttl_s must be positive")
+    body = {"url": url.rstrip("/"), "kv_events": kv_events, "instance_id": instance_id}
+    key = announcement_key(prefix, name or url.rstrip("/"))
+    await redis.set(key, json.dumps(body), px=max(1, int(ttl_s * 1000)))
+
+
+class Heartbeat:
+    """Worker side: re-announce every ``ttl_s / 3`` until stopped, then withdraw."""
+
+    def __init__(self, redis: Redis, url: str, ttl_s: float, **announce_kwargs: Any) -> None:
+        self._redis = redis
+        self._url = url
+        self._ttl = ttl_s
+        self._kwargs = announce_kwargs
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Announce until ``stop`` is set; delete the key on the way out."""
+        try:
+            while not stop.is_set():
+                await announce(self._redis, self._url, self._ttl, **self._kwargs)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._ttl / 3)
+        finally:
+            prefix = self._kwargs.get("prefix", "kvtoll:")
+            name = self._kwargs.get("name") or self._url.rstrip("/")
+            with contextlib.suppress(Exception):
+                await self._redis.delete(announcement_key(prefix, name))
+
+
+def parse_load(payload: dict[str, Any]) -> WorkerLoad:
+    """A worker's ``GET /load`` body (``engine.api.EngineLoad`` fields)."""
+    return WorkerLoad(
+        num_running=int(payload.get("num_running", 0)),
+        num_waiting=int(payload.get("num_waiting", 0)),
+        num_free_blocks=int(payload.get("num_free_blocks", 0)),
+        num_total_blocks=int(payload.get("num_total_blocks", 0)),
+    )
+
+
+class WorkerRegistry:
+    """Known workers with health and load; the router's :class:`WorkerSource`."""
+
+    def __init__(
+        self,
+        config: RegistryConfig,
+        static_workers: Sequence[tuple[str, str]] = (),
+        *,
+        redis: Redis | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self._redis = redis
+        self._http = http or httpx.AsyncClient(timeout=config.check_timeout_s)
+        self._owns_http = http is None
+        self._entries: dict[WorkerId, _Entry] = {}
+        for name, url in static_workers:
+            self._add(WorkerId(name), url, "static", "http", None)
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every known worker, healthy or not."""
+        return [e.info for e in self._entries.values()]
+
+    def get(self, worker_id: WorkerId) -> WorkerInfo | None:
+        entry = self._entries.get(worker_id)
+        return entry.info if entry else None
+
+    def healthy_workers(self) -> list[WorkerStatus]:
+        """The candidates: healthy workers, each with its last load."""
+        return [
+            WorkerStatus(e.info.worker_id, e.info.load, e.info.kv_events != "none")
+            for e in self._entries.values()
+            if e.info.healthy
+        ]
+
+    def report_failure(self, worker_id: WorkerId) -> None:
+        """A request could not reach the worker: out of the candidates until a check passes."""
+        entry = self._entries.get(worker_id)
+        if entry is not None and entry.info.healthy:
+            log.info("worker %s marked down after a failed request", worker_id)
+            entry.failures = self.config.failures_to_evict
+            entry.info = replace(entry.info, healthy=False)
+
+    async def refresh(self) -> None:
+        """One round: Redis discovery (if configured), then a health check of everyone."""
+        if self._redis is not None:
+            await self.discover()
+        await asyncio.gather(*(self._check(e) for e in list(self._entries.values())))
+
+    async def discover(self) -> None:
+        """Add announced workers, drop Redis-sourced ones whose key expired."""
+        if self._redis is None:
+            return
+        pattern = announcement_key(self.config.redis_prefix, "*")
+        keys = [k async for k in self._redis.scan_iter(match=pattern, count=500)]
+        bodies = await self._redis.mget(keys) if keys else []
+        start = len(announcement_key(self.config.redis_prefix, ""))
+        seen: set[WorkerId] = set()
+        for key, body in zip(keys, bodies, strict=True):
+            announced = _parse_announcement(body)
+            if announced is None:
+                continue
+            name = WorkerId((key.decode() if isinstance(key, bytes) else str(key))[start:])
+            seen.add(name)
+            if name not in self._entries:
+                self._add(name, announced[0], "redis", announced[1], announced[2])
+        for worker_id in [w for w, e in self._entries.items() if e.info.source == "redis"]:
+            if worker_id not in seen:
+                log.info("worker %s left (heartbeat expired)", worker_id)
+                del self._entries[worker_id]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Refresh every ``check_interval_s`` until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                await self.refresh()
+            except Exception:  # a Redis outage must not kill the loop
+                log.exception("worker registry refresh failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.config.check_interval_s)
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    def _add(
+        self,
+        worker_id: WorkerId,
+        url: str,
+        source: Literal["static", "redis"],
+        kv_events: EventTransport,
+        instance_id: str | None,
+    ) -> None:
+        info = WorkerInfo(
+            worker_id, url.rstrip("/"), source, kv_events, True, WorkerLoad(), instance_id, 0
+        )
+        self._entries[worker_id] = _Entry(info)
+
+    async def _check(self, entry: _Entry) -> None:
+        try:
+            load, instance_id = await self._probe(entry)
+        except (httpx.HTTPError, ValueError, OSError) as exc:
+            entry.failures += 1
+            if entry.info.healthy and entry.failures >= self.config.failures_to_evict:
+                log.info("worker %s is down: %s", entry.info.worker_id, exc)
+                entry.info = replace(entry.info, healthy=False)
+            return
+        info = entry.info
+        came_back = not info.healthy
+        restarted = instance_id is not None and instance_id != info.instance_id
+        incarnation = info.incarnation + 1 if came_back or restarted else info.incarnation
+        entry.failures = 0
+        entry.last_ok = time.monotonic()
+        entry.info = replace(
+            info,
+            healthy=True,
+            load=load,
+            incarnation=incarnation,
+            instance_id=instance_id or info.instance_id,
+            kv_events="none" if entry.probe != "load" else info.kv_events,
+        )
+
+    async def _probe(self, entry: _Entry) -> tuple[WorkerLoad, str | None]:
+        """``GET /load``, falling back for servers without it (remembered per worker)."""
+        url = entry.info.url
+        if entry.probe == "load":
+            response = await self._http.get(f"{url}/load")
+            if response.status_code != 404:
+                response.raise_for_status()
+                body = response.json()
+                return parse_load(body), body.get("instance_id")
+            entry.probe = "healthz"
+        for probe in ("healthz", "health"):
+            if entry.probe != probe:
+                continue
+            response = await self._http.get(f"{url}/{probe}")
+            if response.status_code == 404 and probe == "healthz":
+                entry.probe = "health"
+                continue
+            response.raise_for_status()
+            return WorkerLoad(), None
+        raise ValueError(f"{url} answers neither /load, /healthz nor /health")
+
+
+def _parse_announcement(body: bytes | str | None) -> tuple[str, EventTransport, str | None] | None:
+    if body is None:
+        return None
+    try:
+        data = json.loads(body)
+        url = str(data["url"])
+        transport = data.get("kv_events", "http")
+    except (ValueError, KeyError, TypeError):
+        return None
+    if transport not in ("http", "redis", "none"):
+        transport = "none"
+    instance = data.get("instance_id")
+    return url, transport, str(instance) if instance is not None else None
