@@ -270,8 +270,13 @@ def _write_lines(session: Session, invoice: Invoice) -> None:
 
 
 def tenants_to_invoice(session: Session, period: Period) -> Sequence[Tenant]:
-    """Every tenant that existed before ``period`` ended, by name."""
-    stmt = select(Tenant).where(Tenant.created_at < period.end).order_by(Tenant.name)
+    """Tenants that existed, or used something, before ``period`` ended, by name."""
+    used = (
+        select(UsageRecord.id)
+        .where(UsageRecord.tenant_id == Tenant.id, UsageRecord.created_at < period.end)
+        .exists()
+    )
+    stmt = select(Tenant).where((Tenant.created_at < period.end) | used).order_by(Tenant.name)
     return session.scalars(stmt).all()
 
 
