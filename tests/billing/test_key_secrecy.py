@@ -26,7 +26,7 @@ def _dump(url: str, engine: Engine) -> str:
     if parsed.get_backend_name() == "sqlite":
         with sqlite3.connect(str(parsed.database)) as conn:
             return "\n".join(conn.iterdump())
-    lines = []
+    lines: list[str] = []
     with engine.connect() as conn:
         for table in inspect(conn).get_table_names():
             rows = conn.execute(text(f'SELECT CAST(t AS text) FROM "{table}" AS t')).scalars()
