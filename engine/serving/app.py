@@ -102,6 +102,10 @@ def _delta_chunk(kind: Kind, meta: ResponseMeta, item: ChoiceDelta, first: bool)
     return text_chunk(meta, item.index, item.text, item.finish_reason, item.logprobs)
 
 
+def _carries_output(item: ChoiceDelta) -> bool:
+    return bool(item.text or item.finish_reason or item.logprobs)
+
+
 async def sse_body(
     kind: Kind,
     meta: ResponseMeta,
@@ -116,7 +120,8 @@ async def sse_body(
     try:
         while item is not None:
             if isinstance(item, ChoiceDelta):
-                yield sse_event(_delta_chunk(kind, meta, item, item.index not in started))
+                if item.index not in started or _carries_output(item):
+                    yield sse_event(_delta_chunk(kind, meta, item, item.index not in started))
                 started.add(item.index)
             elif include_usage:
                 yield sse_event(usage_chunk(kind, meta, _usage(item)))
