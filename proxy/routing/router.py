@@ -26,6 +26,7 @@ from engine.kv.hashing import BlockHash, TenantSalt, hash_prompt_blocks
 from proxy.routing.calibration import CalibrationStats
 from proxy.routing.index import ApproxIndex, PreciseIndex
 from proxy.routing.policy import Policy
+from proxy.routing.popularity import PrefixPopularity
 from proxy.routing.types import Candidate, RouteChoice, RouteRequest, WorkerId, WorkerLoad
 
 
@@ -75,6 +76,7 @@ class PrefixRouter:
         block_size: int,
         precise: PreciseIndex | None = None,
         approx: ApproxIndex | None = None,
+        popularity: PrefixPopularity | None = None,
         *,
         recent_ttl_s: float = 10.0,
         inflight_ttl_s: float = 600.0,
@@ -87,6 +89,7 @@ class PrefixRouter:
         self.precise = precise if precise is not None else PreciseIndex()
         self.approx = approx if approx is not None else ApproxIndex(clock=clock)
         self.calibration = CalibrationStats()
+        self.popularity = popularity if popularity is not None else PrefixPopularity()
         self._workers = workers
         self._clock = clock
         self._recent = ApproxIndex(ttl_s=recent_ttl_s, clock=clock) if recent_ttl_s > 0 else None
@@ -124,7 +127,9 @@ class PrefixRouter:
     ) -> RoutePlan:
         """Rank the healthy workers for a prompt given as block hashes. With ``only``,
         rank exactly those workers (ones the source does not know get zero load)."""
-        request = RouteRequest(num_prompt_tokens, self.block_size, routing_key)
+        common = self.popularity.common_blocks(block_hashes)
+        self.popularity.observe(block_hashes)
+        request = RouteRequest(num_prompt_tokens, self.block_size, routing_key, common)
         statuses = self._workers.healthy_workers()
         if only is not None:
             known = {s.worker_id: s for s in statuses}

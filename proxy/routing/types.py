@@ -52,6 +52,7 @@ class RouteRequest:
     num_prompt_tokens: int
     block_size: int
     routing_key: str | None = None  # tenant id or session key, for consistent hashing
+    num_common_blocks: int = 0  # leading blocks most recent requests share (see popularity)
 
     def cached_tokens(self, cached_blocks: int) -> int:
         """Prompt tokens covered by ``cached_blocks`` leading blocks."""

@@ -13,7 +13,10 @@ token"):
    system prompt, a chat template) is a small fraction of each prompt, so it gives
    its first holder no pull and traffic spreads by load; a conversation's earlier
    turns, a large fraction, do pull.
-3. cost(w) = ``prefill_weight``   × uncached prompt tokens on w
+3. The request's *common* leading blocks (carried by most recent requests, see
+   :mod:`proxy.routing.popularity`) never count either: a global system prompt,
+   however long, pulls nobody, while the part of a match beyond it still does.
+4. cost(w) = ``prefill_weight``   × (prompt tokens − counted cached tokens on w)
            + ``pending_weight``   × prompt tokens routed to w without a first token yet
            + ``running_cost``     × requests decoding on w
            + ``waiting_cost``     × requests waiting on w (its own report)
@@ -92,9 +95,7 @@ class CacheAwarePolicy:
     def cost(self, request: RouteRequest, candidate: Candidate) -> float:
         """Predicted cost of sending ``request`` to ``candidate`` (token units)."""
         p = self.params
-        cached = request.cached_tokens(candidate.cached_blocks)
-        if request.num_prompt_tokens <= 0 or cached < p.cache_threshold * request.num_prompt_tokens:
-            cached = 0
+        cached = self.cache_benefit(request, candidate.cached_blocks)
         load = candidate.load
         pressure = max(0.0, load.used_block_fraction - p.pressure_start) / (1.0 - p.pressure_start)
         return (
@@ -104,3 +105,11 @@ class CacheAwarePolicy:
             + p.waiting_cost * load.num_waiting
             + p.pressure_cost * pressure
         )
+
+    def cache_benefit(self, request: RouteRequest, cached_blocks: int) -> int:
+        """Cached tokens that count for affinity: none below ``cache_threshold`` of the
+        prompt, and never the request's common leading blocks (steps 2 and 3)."""
+        cached = request.cached_tokens(cached_blocks)
+        if cached <= 0 or cached < self.params.cache_threshold * request.num_prompt_tokens:
+            return 0
+        return cached - request.cached_tokens(min(cached_blocks, request.num_common_blocks))
