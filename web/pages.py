@@ -33,12 +33,19 @@ PAGE_HEADERS = {
 
 def template_environment() -> Environment:
     """The Jinja2 environment for ``web/templates`` (build once per app)."""
-    return Environment(
+    env = Environment(
         loader=FileSystemLoader(TEMPLATE_DIR),
         autoescape=select_autoescape(["html"]),
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["num"] = format_count
+    return env
+
+
+def format_count(value: int) -> str:
+    """A count with thousands separators (``1,234,567``)."""
+    return f"{value:,}"
 
 
 def render_page(env: Environment, name: str, status: int = 200, **context: Any) -> HTMLResponse:
