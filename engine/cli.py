@@ -1,0 +1,165 @@
+"""``kvtoll worker``: one engine behind the OpenAI-compatible worker server.
+
+Workers are internal services: put them where only the kvtoll proxy can reach
+them (``kvtoll serve --worker URL``). They honour the prefix-cache salt the proxy
+sends in ``cache_salt`` and never derive one themselves. Every caller mistake
+(bad flag value, missing model file, port in use) prints one line and exits 2
+before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine.config import TINY_MODEL, EngineConfig
+from engine.serving.app import WorkerConfig
+from engine.serving.errors import DEFAULT_MAX_BODY_BYTES
+from proxy.cli.errors import fail
+from proxy.settings import load_settings
+
+DEFAULT_PORT = 8001
+_MIB = 1024 * 1024
+
+
+def engine_config(
+    model: str | None,
+    dtype: str | None,
+    *,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    kv_cache_mb: int | None = None,
+    max_model_len: int | None = None,
+    max_num_seqs: int = 64,
+    max_batched_tokens: int = 512,
+    max_n: int = 8,
+    attention_backend: str = "auto",
+    device: str = "cpu",
+) -> EngineConfig:
+    """The engine's config from CLI values; ``ValueError`` names a bad one."""
+    if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
+        raise ValueError(f"model not found: {model}")
+    extra: dict[str, object] = {}
+    if dtype is not None:
+        extra["dtype"] = dtype
+    if kv_cache_mb is not None:
+        if kv_cache_mb <= 0:
+            raise ValueError(f"--kv-cache-mb must be positive, got {kv_cache_mb}")
+        extra["kv_cache_bytes"] = kv_cache_mb * _MIB
+    return EngineConfig(
+        model=model,
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_batched_tokens,
+        max_n=max_n,
+        attention_backend=attention_backend,
+        device=device,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``ValueError`` if ``host:port`` cannot be bound (in use, bad address)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve --host {host!r}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            why = "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
+
+
+def _serve(
+    config: EngineConfig, worker: WorkerConfig, host: str, port: int, log_level: str
+) -> None:
+    import uvicorn
+
+    from engine.factory import build_engine
+    from engine.serving.app import build_worker_app
+    from engine.serving.server import uvicorn_config
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        engine = build_engine(config)
+    except (OSError, ValueError) as exc:
+        fail(f"cannot load the model: {exc}")
+    try:
+        app = build_worker_app(engine, worker)
+        typer.echo(f"kvtoll worker: {engine.model_name} on http://{host}:{port}", err=True)
+        uvicorn.Server(uvicorn_config(app, host, port, log_level)).run()
+    finally:
+        engine.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``kvtoll worker`` to the root CLI."""
+
+    @app.command("worker")
+    def worker(
+        host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port to listen on")] = DEFAULT_PORT,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                help=f"GGUF file or HF directory (default: bundled SmolLM2; "
+                f"'{TINY_MODEL}' for the random test model)"
+            ),
+        ] = None,
+        dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16")] = None,
+        block_size: Annotated[int, typer.Option(help="Tokens per KV block")] = 16,
+        num_blocks: Annotated[
+            int | None, typer.Option(help="KV blocks (default: from --kv-cache-mb)")
+        ] = None,
+        kv_cache_mb: Annotated[
+            int | None, typer.Option(help="KV cache memory budget in MiB (default 1024)")
+        ] = None,
+        max_model_len: Annotated[
+            int | None, typer.Option(help="Context length (default: the model's)")
+        ] = None,
+        max_num_seqs: Annotated[int, typer.Option(help="Most sequences per step")] = 64,
+        max_batched_tokens: Annotated[int, typer.Option(help="Token budget per step")] = 512,
+        max_n: Annotated[int, typer.Option(help="Largest n (choices) per request")] = 8,
+        served_model_name: Annotated[
+            list[str] | None, typer.Option(help="Model name(s) to answer to (repeatable)")
+        ] = None,
+        max_body_mb: Annotated[float, typer.Option(help="Largest request body in MiB")] = (
+            DEFAULT_MAX_BODY_BYTES / _MIB
+        ),
+    ) -> None:
+        """Run an engine worker speaking the OpenAI API plus /kv/events and /load."""
+        settings = load_settings()
+        try:
+            config = engine_config(
+                model or settings.model_path,
+                dtype or settings.dtype,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                kv_cache_mb=kv_cache_mb,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                max_batched_tokens=max_batched_tokens,
+                max_n=max_n,
+                attention_backend=settings.attention_backend,
+            )
+            if max_body_mb <= 0:
+                raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")
+            check_port_free(host, port)
+        except ValueError as exc:
+            fail(str(exc))
+        names = tuple(served_model_name or ())
+        worker_config = WorkerConfig(names, int(max_body_mb * _MIB))
+        _serve(config, worker_config, host, port, settings.log_level)

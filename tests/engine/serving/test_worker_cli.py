@@ -1,0 +1,120 @@
+"""``kvtoll worker``: bad flags are one line + exit 2; a real worker process serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from engine.cli import register
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def noop() -> None:  # a second command keeps "worker" a named subcommand
+        """Nothing."""
+
+    return app
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--dtype", "float16"], "dtype"),
+        (["--model", "/nonexistent/model.gguf"], "model not found"),
+        (["--port", "70000"], "--port"),
+        (["--model", "kvtoll-tiny", "--block-size", "0"], "block_size"),
+        (["--model", "kvtoll-tiny", "--num-blocks", "-1"], "num_kv_blocks"),
+        (["--model", "kvtoll-tiny", "--kv-cache-mb", "0"], "--kv-cache-mb"),
+        (["--model", "kvtoll-tiny", "--max-body-mb", "0"], "--max-body-mb"),
+        (["--model", "kvtoll-tiny", "--host", "no-such-host.invalid"], "--host"),
+    ],
+)
+def test_bad_flags_fail_with_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(_app(), ["worker", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+def test_port_in_use_fails_before_loading(busy_port: int) -> None:
+    result = CliRunner().invoke(
+        _app(), ["worker", "--model", "kvtoll-tiny", "--port", str(busy_port)]
+    )
+    assert result.exit_code == 2
+    assert "already in use" in result.output
+
+
+SCRIPT = """
+import typer, sys
+from engine.cli import register
+app = typer.Typer()
+register(app)
+@app.command("noop")
+def noop() -> None: ...
+app(sys.argv[1:])
+"""
+
+
+def test_worker_process_serves_and_stops_on_sigint() -> None:
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-c",
+        SCRIPT,
+        "worker",
+        "--model",
+        "kvtoll-tiny",
+        "--port",
+        str(port),
+        "--num-blocks",
+        "32",
+        "--served-model-name",
+        "tiny",
+    ]
+    env = {**os.environ, "KVTOLL_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                break
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        resp = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] <= 2
+        assert httpx.get(f"{base}/load").json()["num_total_blocks"] == 32
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) in (0, 128 + signal.SIGINT, -signal.SIGINT)
