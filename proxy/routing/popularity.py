@@ -5,7 +5,8 @@ a tenant's fixed instructions) says nothing about where a request should go: onc
 any worker holds it, preferring that worker would pull all traffic onto it. The
 router counts, over the last ``window`` requests, how many carried each of their
 first ``max_blocks`` block hashes; a request's common blocks are its leading blocks
-carried by at least ``common_fraction`` of the window (once ``min_requests`` were seen).
+carried by at least ``common_fraction`` of the window and by at least ``min_count``
+requests (once ``min_requests`` were seen).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class PrefixPopularity:
         window: int = 256,
         common_fraction: float = 0.5,
         max_blocks: int = 64,
-        min_requests: int = 8,
+        min_requests: int = 2,
+        min_count: int = 2,
     ) -> None:
         if window <= 0 or max_blocks <= 0 or not 0.0 < common_fraction <= 1.0:
             raise ValueError("window and max_blocks must be positive, common_fraction in (0, 1]")
@@ -32,6 +34,7 @@ class PrefixPopularity:
         self._fraction = common_fraction
         self._max_blocks = max_blocks
         self._min_requests = min_requests
+        self._min_count = min_count
         self._recent: deque[tuple[BlockHash, ...]] = deque()
         self._counts: Counter[BlockHash] = Counter()
 
@@ -39,7 +42,7 @@ class PrefixPopularity:
         """How many leading blocks of this prompt are common right now."""
         if len(self._recent) < self._min_requests:
             return 0
-        needed = self._fraction * len(self._recent)
+        needed = max(self._min_count, self._fraction * len(self._recent))
         count = 0
         for h in block_hashes[: self._max_blocks]:
             if self._counts[h] < needed:
