@@ -87,6 +87,28 @@ def require_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
+def set_tenant_policy(
+    session: Session,
+    name: str,
+    *,
+    semantic_threshold: float | None,
+    semantic_allow_sampled: bool,
+    kv_reserved_blocks: int,
+) -> Tenant:
+    """Replace a tenant's cache policy (threshold ``None`` = server default)."""
+    tenant = require_tenant(session, name)
+    if semantic_threshold is not None and not 0.0 <= semantic_threshold <= 1.0:
+        raise InvalidInput(f"semantic threshold must be in [0, 1], got {semantic_threshold}")
+    if isinstance(kv_reserved_blocks, bool) or kv_reserved_blocks < 0:
+        raise InvalidInput(f"kv_reserved_blocks must be >= 0, got {kv_reserved_blocks}")
+    tenant.semantic_threshold = semantic_threshold
+    tenant.semantic_allow_sampled = bool(semantic_allow_sampled)
+    tenant.kv_reserved_blocks = kv_reserved_blocks
+    session.flush()
+    log.info("tenant policy set", extra={"tenant": name})
+    return tenant
+
+
 def _check_limit(value: int | None, what: str) -> int | None:
     if value is not None and (isinstance(value, bool) or value <= 0):
         raise InvalidInput(f"{what} must be a positive integer or unset")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 from sqlalchemy import Engine
@@ -26,6 +27,8 @@ from billing.models import Price
 from billing.money import ppm_to_fraction, price_per_1m_usd
 from proxy.cli.errors import fail
 from proxy.settings import load_settings
+
+T = TypeVar("T")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -95,6 +98,23 @@ def _parse_moment(text: str | None) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+def _pick(given: T | None, current: T) -> T:
+    return current if given is None else given
+
+
+def _number(text: str | None, kind: Callable[[str], T], option: str) -> T | None:
+    """Parse a numeric option ourselves so that a bad value is a one-line error."""
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        fail(f"{option} must be a number, got {text!r}")
+    if value != value or value in (float("inf"), float("-inf")):  # NaN / infinities
+        fail(f"{option} must be a finite number, got {text!r}")
+    return value
+
+
 def _db_group() -> typer.Typer:
     group = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
@@ -148,13 +168,46 @@ def _tenant_group() -> typer.Typer:
 
     @group.command("list")
     def list_() -> None:
-        """List tenants."""
+        """List tenants and their cache policy."""
         with _transaction() as session:
             rows = [
-                (t.id, t.name, _iso(t.created_at), t.kv_reserved_blocks)
+                (t.id, t.name, _iso(t.created_at), t.semantic_threshold,
+                 t.semantic_allow_sampled, t.kv_reserved_blocks)
                 for t in accounts.list_tenants(session)
             ]
-        _print_rows(("id", "name", "created_at", "kv_reserved_blocks"), rows)
+        header = ("id", "name", "created_at", "semantic_threshold", "allow_sampled", "kv_reserved")
+        _print_rows(header, rows)
+
+    @group.command("policy")
+    def policy(
+        name: str = typer.Argument(..., help="Tenant name."),
+        threshold: str | None = typer.Option(
+            None, "--semantic-threshold", help="Similarity needed for a semantic hit, 0-1."
+        ),
+        default_threshold: bool = typer.Option(
+            False, "--default-threshold", help="Use the server's threshold again."
+        ),
+        allow_sampled: bool | None = typer.Option(
+            None, "--allow-sampled/--no-allow-sampled", help="Serve sampled requests from L3."
+        ),
+        reserved: str | None = typer.Option(
+            None, "--kv-reserved-blocks", help="KV blocks reserved for this tenant."
+        ),
+    ) -> None:
+        """Change a tenant's cache policy; options left out keep their value."""
+        new_threshold = _number(threshold, float, "--semantic-threshold")
+        new_reserved = _number(reserved, int, "--kv-reserved-blocks")
+        with _transaction() as session:
+            tenant = accounts.require_tenant(session, name)
+            keep = tenant.semantic_threshold
+            accounts.set_tenant_policy(
+                session,
+                name,
+                semantic_threshold=None if default_threshold else _pick(new_threshold, keep),
+                semantic_allow_sampled=_pick(allow_sampled, tenant.semantic_allow_sampled),
+                kv_reserved_blocks=_pick(new_reserved, tenant.kv_reserved_blocks),
+            )
+            typer.echo(f"tenant {name} policy updated")
 
     return group
 
@@ -166,14 +219,16 @@ def _key_group() -> typer.Typer:
     def create(
         tenant: str = typer.Argument(..., help="Tenant name."),
         name: str | None = typer.Option(None, help="A label for the key."),
-        rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
-        tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute limit."),
+        rpm: str | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
+        tpm: str | None = typer.Option(None, "--tpm", help="Tokens per minute limit."),
     ) -> None:
         """Create a key and print it once (only its hash is stored)."""
+        limits = {
+            "requests_per_minute": _number(rpm, int, "--rpm"),
+            "tokens_per_minute": _number(tpm, int, "--tpm"),
+        }
         with _transaction() as session:
-            row, plaintext = accounts.create_key(
-                session, tenant, name, requests_per_minute=rpm, tokens_per_minute=tpm
-            )
+            row, plaintext = accounts.create_key(session, tenant, name, **limits)
             key_id = row.id
         typer.echo(f"key_id {key_id}")
         typer.echo(f"key {plaintext}")

@@ -122,3 +122,24 @@ def test_typo_is_refused_before_any_lookup(factory: Factory) -> None:
 def test_well_formed_but_unknown_key_resolves_to_none(factory: Factory) -> None:
     with factory() as session:
         assert accounts.resolve_key(session, keys.generate_key()) is None
+
+
+def test_tenant_policy_reaches_the_key_identity(factory: Factory) -> None:
+    with factory.begin() as session:
+        accounts.create_tenant(session, "acme")
+        _, plaintext = accounts.create_key(session, "acme")
+        accounts.set_tenant_policy(
+            session, "acme", semantic_threshold=0.92, semantic_allow_sampled=True,
+            kv_reserved_blocks=128,
+        )
+    with factory() as session:
+        identity = accounts.resolve_key(session, plaintext)
+        assert identity is not None
+        assert identity.semantic_threshold == pytest.approx(0.92)
+        assert identity.semantic_allow_sampled is True and identity.kv_reserved_blocks == 128
+        for threshold, blocks in ((1.5, 0), (0.5, -1)):
+            with pytest.raises(InvalidInput):
+                accounts.set_tenant_policy(
+                    session, "acme", semantic_threshold=threshold,
+                    semantic_allow_sampled=False, kv_reserved_blocks=blocks,
+                )

@@ -174,3 +174,25 @@ def test_root_cli_includes_the_billing_groups(cli: CliRunner) -> None:
     result = cli.invoke(app, ["tenant", "create", "acme"])
     assert result.exit_code == 0, result.output
     assert cli.invoke(app, ["tenant", "create", "acme"]).exit_code == 2
+
+
+def test_tenant_policy_updates_only_the_given_fields(cli: CliRunner, sqlite_url: str) -> None:
+    _ok(cli, "db", "upgrade")
+    _ok(cli, "tenant", "create", "acme")
+    _ok(cli, "tenant", "policy", "acme", "--semantic-threshold", "0.9", "--allow-sampled")
+    _ok(cli, "tenant", "policy", "acme", "--kv-reserved-blocks", "64")
+    row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
+    assert row[1:2] + row[3:] == ["acme", "0.9", "True", "64"]
+    _ok(cli, "tenant", "policy", "acme", "--default-threshold", "--no-allow-sampled")
+    row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
+    assert row[3:] == ["-", "False", "64"]
+    for args, match in [
+        (("--semantic-threshold", "1.5"), "[0, 1]"),
+        (("--semantic-threshold", "high"), "must be a number"),
+        (("--semantic-threshold", "nan"), "finite"),
+        (("--kv-reserved-blocks", "-1"), ">= 0"),
+        (("--kv-reserved-blocks", "many"), "must be a number"),
+    ]:
+        _assert_refused(cli, sqlite_url, "tenant", "policy", "acme", *args, match=match)
+    _assert_refused(cli, sqlite_url, "tenant", "policy", "nobody", match="unknown tenant")
+    _assert_refused(cli, sqlite_url, "key", "create", "acme", "--tpm", "lots", match="number")
