@@ -54,12 +54,15 @@ def render_page(env: Environment, name: str, status: int = 200, **context: Any) 
     return HTMLResponse(html, status_code=status, headers=PAGE_HEADERS)
 
 
+STATIC_SUFFIXES = frozenset({".css", ".js", ".txt"})
+
+
 def static_files() -> dict[str, Path]:
-    """Relative name -> file for everything under ``web/static``."""
+    """Relative name -> file for the CSS, JS and licence files under ``web/static``."""
     return {
         path.relative_to(STATIC_DIR).as_posix(): path
         for path in STATIC_DIR.rglob("*")
-        if path.is_file()
+        if path.is_file() and path.suffix in STATIC_SUFFIXES
     }
 
 
