@@ -1,0 +1,128 @@
+"""Worker registry: Redis heartbeats (real Redis), health checks, dead workers leaving."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from proxy.routing.registry import Heartbeat, RegistryConfig, WorkerRegistry, announce
+from proxy.routing.types import WorkerId
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def _worker_transport(load_status: int = 200) -> httpx.MockTransport:
+    """Another part (a worker) scripted: /load, or only /health like vLLM."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/load" and load_status == 200:
+            body = {
+                "num_running": 2,
+                "num_waiting": 1,
+                "num_free_blocks": 10,
+                "num_total_blocks": 40,
+                "block_size": 16,
+                "instance_id": "i1",
+            }
+            return httpx.Response(200, json=body)
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(404)
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.redis
+def test_heartbeat_expiry_removes_a_worker(redis_url: str, redis_prefix: str) -> None:
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            config = RegistryConfig(redis_prefix=redis_prefix)
+            async with httpx.AsyncClient(transport=_worker_transport()) as http:
+                registry = WorkerRegistry(config, redis=redis, http=http)
+                await announce(redis, "http://w1:8001", 0.3, prefix=redis_prefix, name="w1")
+                await announce(
+                    redis, "http://w2:8001", 30, prefix=redis_prefix, name="w2", kv_events="redis"
+                )
+                await registry.refresh()
+                assert {w.worker_id for w in registry.workers()} == {"w1", "w2"}
+                assert registry.get(WorkerId("w2")).kv_events == "redis"  # type: ignore[union-attr]
+                assert {s.worker_id for s in registry.healthy_workers()} == {"w1", "w2"}
+                await asyncio.sleep(0.5)  # w1 stopped announcing: its key expires
+                await registry.refresh()
+                assert [w.worker_id for w in registry.workers()] == ["w2"]
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_heartbeat_keeps_a_worker_announced_and_withdraws_it_on_stop(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            stop = asyncio.Event()
+            beat = Heartbeat(redis, "http://w3:8001", 0.3, prefix=redis_prefix, name="w3")
+            task = asyncio.create_task(beat.run(stop))
+            await asyncio.sleep(0.7)  # more than two TTLs
+            registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix), redis=redis)
+            await registry.discover()
+            assert [w.worker_id for w in registry.workers()] == ["w3"]
+            stop.set()
+            await task
+            await registry.discover()
+            assert registry.workers() == []
+            await registry.aclose()
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_load_is_polled_and_a_dead_static_worker_leaves_the_candidates() -> None:
+    dead = _closed_port_url()
+
+    async def scenario() -> None:
+        config = RegistryConfig(failures_to_evict=2, check_timeout_s=0.5)
+        async with httpx.AsyncClient(transport=_worker_transport()) as mocked:
+            alive = WorkerRegistry(config, [("ok", "http://ok:8001")], http=mocked)
+            await alive.refresh()
+            status = alive.healthy_workers()[0]
+            assert status.load.num_running == 2 and status.load.num_total_blocks == 40
+            assert status.kv_events
+        registry = WorkerRegistry(config, [("dead", dead)])
+        await registry.refresh()
+        assert [s.worker_id for s in registry.healthy_workers()] == ["dead"]  # one miss
+        await registry.refresh()
+        assert registry.healthy_workers() == []
+        await registry.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_server_without_load_is_healthy_in_approximate_mode_and_failures_evict() -> None:
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=_worker_transport(load_status=404)) as http:
+            registry = WorkerRegistry(RegistryConfig(), [("vllm", "http://vllm:8000")], http=http)
+            await registry.refresh()
+            [status] = registry.healthy_workers()
+            assert not status.kv_events and status.load.num_requests == 0
+            registry.report_failure(WorkerId("vllm"))
+            assert registry.healthy_workers() == []
+            await registry.refresh()  # a passing check brings it back, as a new incarnation
+            info = registry.get(WorkerId("vllm"))
+            assert info is not None and info.healthy and info.incarnation == 1
+
+    asyncio.run(scenario())
