@@ -1,0 +1,321 @@
+"""Benchmark the Triton paged-attention kernels on a CUDA GPU; prints JSON figures.
+
+* decode at batch {1, 16, 64} x context {512, 4096, 32768}: achieved memory bandwidth
+  (K/V bytes read / time) and its fraction of the GPU's peak, side by side with torch
+  SDPA on gathered K/V (with and without the gather), FlashAttention and FlashInfer
+  where importable;
+* prefill over a cached prefix: TFLOP/s (4 * H * D * attended pairs) vs SDPA/FlashInfer;
+* the engine end to end with the nano-vllm recipe (256 requests, 100-1024 input and
+  output tokens, ignore_eos): output tokens/s with the Triton and the torch backend.
+
+Model shape: Llama-3-8B attention (32 query heads, 8 KV heads, head_dim 128), bf16.
+Without CUDA it prints a JSON note and exits 0; ``--smoke`` instead runs tiny shapes on
+CPU under the Triton interpreter (checks the script, figures meaningless).
+
+    python bench/kernels.py [--block-size 16] [--peak-gbps 3350] [--skip-engine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Thunk = Callable[[], object]
+DECODE_BATCHES = (1, 16, 64)
+DECODE_CONTEXTS = (512, 4096, 32768)
+PREFILL_CASES = ((1, 0, 8192), (8, 0, 1024), (8, 4096, 512), (4, 16384, 1024))  # S, prefix, new
+PEAK_GBPS = {"H200": 4800, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350,
+             "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+    device: str
+    smoke: bool
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def peak_gbps(override: float | None) -> float | None:
+    """Peak DRAM bandwidth: the flag, the device-name table, or clock x bus width."""
+    if override:
+        return override
+    props = torch.cuda.get_device_properties(0)
+    for key, value in PEAK_GBPS.items():
+        if key in props.name:
+            return float(value)
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None
+
+
+def time_ms(fn: Thunk, cfg: BenchConfig) -> float:
+    """Median milliseconds per call (CUDA events; a wall clock in smoke mode)."""
+    if cfg.device == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def make_inputs(cfg: BenchConfig, num_seqs: int, prefix: int, new: int, seed: int) -> Any:
+    from kernel_peers import PagedInputs
+
+    gen = torch.Generator(device=cfg.device).manual_seed(seed)
+    context = prefix + new
+    per_seq = -(-context // cfg.block_size)
+    shape = (num_seqs * per_seq, cfg.block_size, cfg.num_kv_heads, cfg.head_dim)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(size, generator=gen, device=cfg.device, dtype=cfg.dtype)
+
+    order = torch.randperm(num_seqs * per_seq, generator=gen, device=cfg.device)
+    qsl = torch.arange(num_seqs + 1, device=cfg.device, dtype=torch.int32) * new
+    return PagedInputs(
+        q=randn(num_seqs * new, cfg.num_heads, cfg.head_dim),
+        k_cache=randn(*shape),
+        v_cache=randn(*shape),
+        block_tables=order.view(num_seqs, per_seq).to(torch.int32),
+        seq_lens=torch.full((num_seqs,), context, dtype=torch.int32, device=cfg.device),
+        query_start_loc=qsl,
+        query_len=new,
+        context_len=context,
+    )
+
+
+def _peer_rows(peers: dict[str, Callable[[], Thunk]], cfg: BenchConfig) -> dict[str, Any]:
+    from kernel_peers import PeerUnavailable
+
+    rows: dict[str, Any] = {}
+    for name, build in peers.items():
+        try:
+            rows[name] = {"ms": time_ms(build(), cfg)}
+        except PeerUnavailable as exc:
+            rows[name] = {"unavailable": str(exc)}
+        except Exception as exc:  # a peer's own failure must not sink the run
+            rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    return rows
+
+
+def bench_decode(cfg: BenchConfig, batch: int, context: int, peak: float | None) -> dict[str, Any]:
+    import kernel_peers as kp
+
+    from engine.kernels.decode_attention import choose_num_splits, paged_decode_attention
+
+    x = make_inputs(cfg, batch, context - 1, 1, seed=batch * 7 + context)
+    scale = cfg.head_dim**-0.5
+
+    def ours() -> torch.Tensor:
+        return paged_decode_attention(
+            x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, scale, max_seq_len=context
+        )
+
+    elem = x.k_cache.element_size()
+    kv_bytes = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * elem
+    other_bytes = 2 * x.q.numel() * elem + x.block_tables.numel() * 4
+    ref = kp.sdpa_decode(x, include_gather=False)()
+    assert isinstance(ref, torch.Tensor)
+    max_err = float((ours().float() - ref.squeeze(2).float()).abs().max())
+    rows = _peer_rows(
+        {
+            "triton": lambda: ours,
+            "sdpa_gathered": lambda: kp.sdpa_decode(x, include_gather=False),
+            "gather_plus_sdpa": lambda: kp.sdpa_decode(x, include_gather=True),
+            "flash_attn": lambda: kp.flash_attn_decode(x),
+            "flashinfer": lambda: kp.flashinfer_decode(x),
+        },
+        cfg,
+    )
+    for row in rows.values():
+        if "ms" in row:
+            row["gbps"] = round((kv_bytes + other_bytes) / row["ms"] / 1e6, 1)
+            row["peak_fraction"] = round(row["gbps"] / peak, 3) if peak else None
+    splits = choose_num_splits(batch, cfg.num_kv_heads, context, 64)
+    return {"batch": batch, "context": context, "num_splits": splits,
+            "kv_bytes": kv_bytes, "max_abs_err_vs_sdpa": max_err, **rows}  # fmt: skip
+
+
+def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dict[str, Any]:
+    import kernel_peers as kp
+
+    from engine.kernels.extend_attention import extend_attention
+
+    x = make_inputs(cfg, num_seqs, prefix, new, seed=num_seqs + prefix + new)
+    scale = cfg.head_dim**-0.5
+
+    def ours() -> torch.Tensor:
+        return extend_attention(
+            x.q, x.k_cache, x.v_cache, x.query_start_loc, x.seq_lens, x.block_tables, scale,
+            max_query_len=new,
+        )  # fmt: skip
+
+    ref = kp.sdpa_prefill(x)()
+    assert isinstance(ref, torch.Tensor)  # [S, H, new, D]
+    ref_tokens = ref.transpose(1, 2).reshape(x.q.shape)
+    max_err = float((ours().float() - ref_tokens.float()).abs().max())
+    pairs = num_seqs * (new * prefix + new * (new + 1) // 2)
+    flops = 4 * cfg.num_heads * cfg.head_dim * pairs
+    rows = _peer_rows(
+        {
+            "triton": lambda: ours,
+            "sdpa_gathered": lambda: kp.sdpa_prefill(x),
+            "flashinfer": lambda: kp.flashinfer_prefill(x),
+        },
+        cfg,
+    )
+    for row in rows.values():
+        if "ms" in row:
+            row["tflops"] = round(flops / row["ms"] / 1e9, 2)
+    return {"num_seqs": num_seqs, "prefix": prefix, "new_tokens": new, "flops": flops,
+            "max_abs_err_vs_sdpa": max_err, **rows}  # fmt: skip
+
+
+def bench_engine(backend: str, args: argparse.Namespace, cfg: BenchConfig) -> dict[str, Any]:
+    """nano-vllm's recipe: random prompts and output lengths, ignore_eos, temperature 0.6."""
+    from engine.api import GenerationRequest, SamplingParams
+    from engine.config import TINY_MODEL, EngineConfig
+    from engine.factory import build_llm_engine
+
+    engine_cfg = EngineConfig(
+        model=TINY_MODEL if cfg.smoke else args.model, dtype="float32" if cfg.smoke else "bfloat16",
+        device=cfg.device, block_size=cfg.block_size, kv_cache_bytes=args.kv_cache_gib << 30,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=2 * args.max_len, attention_backend=backend,
+    )  # fmt: skip
+    llm = build_llm_engine(engine_cfg)
+    gen = torch.Generator().manual_seed(0)
+
+    def randint(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    def prompt() -> tuple[int, ...]:
+        length = randint(args.min_len, args.max_len)
+        return tuple(torch.randint(3, llm.limits.vocab_size, (length,), generator=gen).tolist())
+
+    requests = [
+        GenerationRequest(
+            f"r{i}",
+            prompt(),
+            SamplingParams(
+                max_tokens=randint(args.min_len, args.max_len),
+                temperature=0.6,
+                ignore_eos=True,
+                seed=i,
+            ),
+        )
+        for i in range(args.engine_requests)
+    ]
+    llm.generate_sync([GenerationRequest("warmup", (5, 6, 7), SamplingParams(max_tokens=4))])
+    start = time.perf_counter()
+    llm.generate_sync(requests)
+    if cfg.device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    out_tokens = sum(r.sampling.max_tokens for r in requests)
+    return {
+        "backend": backend,
+        "requests": len(requests),
+        "output_tokens": out_tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(out_tokens / seconds, 1),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--peak-gbps", type=float, default=None, help="override the peak table")
+    p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--skip-prefill", action="store_true")
+    p.add_argument("--skip-engine", action="store_true")
+    p.add_argument("--model", default=None, help="engine model (default: bundled SmolLM2)")
+    p.add_argument("--engine-requests", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--kv-cache-gib", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes on CPU under TRITON_INTERPRET=1 (checks the script only)")
+    return p.parse_args(argv)
+
+
+def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, Any]]:
+    """Tiny everything; the interpreter must be on before engine.kernels is imported."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    args.engine_requests, args.min_len, args.max_len = 3, 4, 12
+    args.kv_cache_gib, args.max_num_batched_tokens = 1, 64
+    cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
+    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)]}
+    return cfg, plan
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.smoke:
+        cfg, plan = smoke_overrides(args)
+        peak = args.peak_gbps
+    else:
+        cfg = BenchConfig(32, 8, 128, args.block_size, torch.bfloat16, "cuda", smoke=False)
+        plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
+                "prefill": list(PREFILL_CASES)}  # fmt: skip
+        peak = peak_gbps(args.peak_gbps)
+    device = "cpu (Triton interpreter)" if cfg.smoke else torch.cuda.get_device_name(0)
+    shape = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
+             "head_dim": cfg.head_dim, "block_size": cfg.block_size,
+             "dtype": str(cfg.dtype)}  # fmt: skip
+    result: dict[str, Any] = {
+        "device": device, "smoke": cfg.smoke, "peak_gbps": peak, "shape": shape
+    }
+    if not args.skip_decode:
+        result["decode"] = []
+        for batch, context in plan["decode"]:
+            log(f"decode batch={batch} context={context}")
+            result["decode"].append(bench_decode(cfg, batch, context, peak))
+            torch.cuda.empty_cache() if cfg.device == "cuda" else None
+    if not args.skip_prefill:
+        result["prefill"] = []
+        for num_seqs, prefix, new in plan["prefill"]:
+            log(f"prefill seqs={num_seqs} prefix={prefix} new={new}")
+            result["prefill"].append(bench_prefill(cfg, num_seqs, prefix, new))
+    if not args.skip_engine:
+        result["engine"] = []
+        for backend in ("triton", "torch"):
+            log(f"engine backend={backend}")
+            try:
+                result["engine"].append(bench_engine(backend, args, cfg))
+            except Exception as exc:  # report it, keep the kernel figures
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                result["engine"].append({"backend": backend, "error": error})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        print(json.dumps({"skipped": True, "reason": "bench/kernels.py needs a CUDA GPU; none is "
+                          "visible here (use --smoke to check the script on CPU)"}))  # fmt: skip
+        return 0
+    print(json.dumps(run(args), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
