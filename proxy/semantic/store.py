@@ -1,0 +1,201 @@
+"""Semantic-cache entries per tenant: TTL, capacity and LRU eviction.
+
+Policy
+------
+* An entry lives until ``expires_at = created_at + ttl_s`` (``StoreConfig.ttl_s``);
+  an expired entry is never returned and is deleted when seen or swept.
+* Each tenant holds at most ``capacity_per_tenant`` entries; a put past it evicts
+  the least recently used ones (recency = last hit, or creation if never hit).
+* Tenants never share entries: every operation is scoped by tenant id.
+
+:class:`InMemoryStore` is the single-process default. :mod:`proxy.semantic.redis_store`
+holds entries in Redis so that every replica serves every replica's entries; stores
+also expose a change feed (:meth:`EntryStore.changes`) that keeps each replica's
+FAISS mirror in sync. Times are seconds from an injected clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, NewType, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from proxy.semantic.keys import PartitionKey
+
+EntryId = NewType("EntryId", str)
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Per-tenant limits."""
+
+    ttl_s: float = 7 * 24 * 3600.0
+    capacity_per_tenant: int = 100_000
+    request_memory_s: float = 24 * 3600.0  # how long request id -> entry id is kept (feedback)
+
+    def __post_init__(self) -> None:
+        if self.ttl_s <= 0 or self.capacity_per_tenant < 1:
+            raise ValueError("ttl_s must be > 0 and capacity_per_tenant >= 1")
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached answer. ``answer`` is the full response JSON needed to replay it."""
+
+    entry_id: EntryId
+    tenant_id: str
+    partition: PartitionKey
+    prompt: str
+    answer: dict[str, Any]
+    vector: npt.NDArray[np.float32] = field(compare=False, repr=False)
+    created_at: float
+    expires_at: float
+    last_hit_at: float
+    hit_count: int = 0
+
+
+@dataclass(frozen=True)
+class ChangeEvent:
+    """A change another replica made: mirror it in the local index."""
+
+    op: Literal["put", "delete", "flush"]
+    tenant_id: str
+    entry_id: EntryId | None = None
+    partition: PartitionKey | None = None
+    prompt: str = ""
+    vector: npt.NDArray[np.float32] | None = field(default=None, compare=False, repr=False)
+
+
+class EntryStore(Protocol):
+    """Where entries live. Every method may raise on a backend failure (the service
+    turns that into a miss)."""
+
+    async def put(self, entry: CacheEntry) -> list[EntryId]:
+        """Store ``entry``; returns the ids evicted to stay within capacity."""
+        ...
+
+    async def get(self, tenant_id: str, entry_id: EntryId) -> CacheEntry | None: ...
+
+    async def record_hit(self, tenant_id: str, entry_id: EntryId) -> CacheEntry | None:
+        """Bump last hit / hit count; the updated entry, or None if gone or expired."""
+        ...
+
+    async def delete(self, tenant_id: str, entry_id: EntryId) -> bool: ...
+
+    async def flush(self, tenant_id: str) -> int: ...
+
+    async def expire(self) -> list[tuple[str, EntryId]]:
+        """Delete every expired entry; returns (tenant, id) of those removed."""
+        ...
+
+    async def snapshot(self) -> tuple[str | None, list[CacheEntry]]:
+        """(feed cursor, every live entry): rebuild a mirror, then follow from the cursor."""
+        ...
+
+    async def changes(
+        self, cursor: str | None, block_ms: int
+    ) -> tuple[str | None, list[ChangeEvent]]:
+        """Other replicas' changes after ``cursor`` (waits up to ``block_ms``)."""
+        ...
+
+    async def remember_request(
+        self, tenant_id: str, request_id: str, entry_id: EntryId
+    ) -> None: ...
+
+    async def entry_for_request(self, tenant_id: str, request_id: str) -> EntryId | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class InMemoryStore:
+    """Single-process store: one LRU-ordered dict per tenant."""
+
+    def __init__(self, config: StoreConfig | None = None, clock: Clock = time.time) -> None:
+        self._config = config or StoreConfig()
+        self._clock = clock
+        self._tenants: dict[str, OrderedDict[EntryId, CacheEntry]] = {}
+        self._requests: dict[tuple[str, str], tuple[EntryId, float]] = {}
+
+    @property
+    def config(self) -> StoreConfig:
+        return self._config
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._tenants.values())
+
+    async def put(self, entry: CacheEntry) -> list[EntryId]:
+        entries = self._tenants.setdefault(entry.tenant_id, OrderedDict())
+        entries[entry.entry_id] = entry
+        entries.move_to_end(entry.entry_id)
+        evicted: list[EntryId] = []
+        while len(entries) > self._config.capacity_per_tenant:
+            evicted.append(entries.popitem(last=False)[0])
+        return evicted
+
+    async def get(self, tenant_id: str, entry_id: EntryId) -> CacheEntry | None:
+        entries = self._tenants.get(tenant_id)
+        entry = entries.get(entry_id) if entries else None
+        if entry is None or entries is None:
+            return None
+        if entry.expires_at <= self._clock():
+            del entries[entry_id]
+            return None
+        return entry
+
+    async def record_hit(self, tenant_id: str, entry_id: EntryId) -> CacheEntry | None:
+        entry = await self.get(tenant_id, entry_id)
+        if entry is None:
+            return None
+        updated = replace(entry, last_hit_at=self._clock(), hit_count=entry.hit_count + 1)
+        entries = self._tenants[tenant_id]
+        entries[entry_id] = updated
+        entries.move_to_end(entry_id)
+        return updated
+
+    async def delete(self, tenant_id: str, entry_id: EntryId) -> bool:
+        entries = self._tenants.get(tenant_id)
+        return bool(entries) and entries.pop(entry_id, None) is not None  # type: ignore[union-attr]
+
+    async def flush(self, tenant_id: str) -> int:
+        entries = self._tenants.pop(tenant_id, None)
+        return len(entries) if entries else 0
+
+    async def expire(self) -> list[tuple[str, EntryId]]:
+        now = self._clock()
+        removed: list[tuple[str, EntryId]] = []
+        for tenant_id, entries in self._tenants.items():
+            for entry_id in [i for i, e in entries.items() if e.expires_at <= now]:
+                del entries[entry_id]
+                removed.append((tenant_id, entry_id))
+        return removed
+
+    async def snapshot(self) -> tuple[str | None, list[CacheEntry]]:
+        now = self._clock()
+        live = [
+            e for entries in self._tenants.values() for e in entries.values() if e.expires_at > now
+        ]
+        return None, live
+
+    async def changes(
+        self, cursor: str | None, block_ms: int
+    ) -> tuple[str | None, list[ChangeEvent]]:
+        return cursor, []  # one process: the service already applied its own changes
+
+    async def remember_request(self, tenant_id: str, request_id: str, entry_id: EntryId) -> None:
+        now = self._clock()
+        if len(self._requests) > 100_000:
+            self._requests = {k: v for k, v in self._requests.items() if v[1] > now}
+        self._requests[(tenant_id, request_id)] = (entry_id, now + self._config.request_memory_s)
+
+    async def entry_for_request(self, tenant_id: str, request_id: str) -> EntryId | None:
+        found = self._requests.get((tenant_id, request_id))
+        return found[0] if found and found[1] > self._clock() else None
+
+    async def aclose(self) -> None:
+        return None

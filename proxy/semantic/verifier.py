@@ -1,0 +1,132 @@
+"""Calibrated decision: is a cached prompt a correct stand-in for the query?
+
+Policy
+------
+score = sigmoid(w · standardise(features(sim, query, prompt)) + b), a logistic
+regression over the guard features of :mod:`proxy.semantic.features`. The weights
+ship in ``data/verifier_weights.json`` (trained by ``bench/semantic_train.py`` on the
+training split of the QQP pairs plus the training half of the hand-written hard
+cases in ``data/hard_cases.jsonl``; no training data ships). A candidate is served
+only if ``score >= threshold``; the default threshold in the weights file was chosen
+for precision >= 0.95 and a tenant may override it (``Tenant.semantic_threshold``).
+Candidates below ``min_similarity`` are rejected without scoring.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from proxy.semantic.features import FEATURE_NAMES, Parsed, build_lexicon, features, parse
+
+WEIGHTS_FILE = "verifier_weights.json"
+
+
+class Verifier(Protocol):
+    """Scores a (query, cached prompt, similarity) triple in [0, 1]."""
+
+    @property
+    def default_threshold(self) -> float: ...
+
+    @property
+    def min_similarity(self) -> float: ...
+
+    def score(self, query: str, prompt: str, similarity: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class VerifierWeights:
+    """Logistic-regression weights over standardised features."""
+
+    feature_names: tuple[str, ...]
+    coef: tuple[float, ...]
+    intercept: float
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    threshold: float
+    min_similarity: float
+    embedder: str
+    meta: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> VerifierWeights:
+        names = tuple(data["feature_names"])
+        if names != FEATURE_NAMES:
+            raise ValueError(
+                f"weights are for features {names}, this code computes {FEATURE_NAMES}"
+            )
+        return cls(
+            feature_names=names,
+            coef=tuple(float(x) for x in data["coef"]),
+            intercept=float(data["intercept"]),
+            mean=tuple(float(x) for x in data["mean"]),
+            scale=tuple(float(x) for x in data["scale"]),
+            threshold=float(data["threshold"]),
+            min_similarity=float(data.get("min_similarity", 0.5)),
+            embedder=str(data.get("embedder", "")),
+            meta=dict(data.get("meta", {})),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "feature_names": list(self.feature_names),
+            "coef": list(self.coef),
+            "intercept": self.intercept,
+            "mean": list(self.mean),
+            "scale": list(self.scale),
+            "threshold": self.threshold,
+            "min_similarity": self.min_similarity,
+            "embedder": self.embedder,
+            "meta": self.meta,
+        }
+
+
+def load_weights(path: str | Path | None = None) -> VerifierWeights:
+    """The shipped weights, or those in ``path``."""
+    if path is None:
+        text = resources.files("proxy.semantic.data").joinpath(WEIGHTS_FILE).read_text()
+    else:
+        text = Path(path).read_text()
+    return VerifierWeights.from_json(json.loads(text))
+
+
+class LogisticVerifier:
+    """Guard features + logistic regression (see the module docstring)."""
+
+    def __init__(self, weights: VerifierWeights) -> None:
+        self._weights = weights
+        self._lexicon = build_lexicon()
+        self._coef = np.asarray(weights.coef, dtype=np.float64)
+        self._mean = np.asarray(weights.mean, dtype=np.float64)
+        self._scale = np.asarray(weights.scale, dtype=np.float64)
+
+    @property
+    def weights(self) -> VerifierWeights:
+        return self._weights
+
+    @property
+    def default_threshold(self) -> float:
+        return self._weights.threshold
+
+    @property
+    def min_similarity(self) -> float:
+        return self._weights.min_similarity
+
+    def parse(self, text: str) -> Parsed:
+        return parse(text, self._lexicon)
+
+    def feature_vector(self, query: str, prompt: str, similarity: float) -> list[float]:
+        """Raw (unstandardised) features of one pair."""
+        return features(similarity, self.parse(query), self.parse(prompt), self._lexicon)
+
+    def score(self, query: str, prompt: str, similarity: float) -> float:
+        """Probability that ``prompt``'s answer is a correct answer to ``query``."""
+        x = np.asarray(self.feature_vector(query, prompt, similarity), dtype=np.float64)
+        z = float(((x - self._mean) / self._scale) @ self._coef) + self._weights.intercept
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
