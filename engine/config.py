@@ -65,6 +65,7 @@ class EngineConfig:
             "max_num_batched_tokens": 64,
             "max_num_seqs": 16,
             "max_model_len": 256,
+            "num_threads": 1,  # tiny matmuls: threads only contend on a shared CPU
         }
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from engine.kv.kv_manager import KVCacheManager
 from engine.output import OutputProcessor
 from engine.runner import ModelRunner, RunnerSeq
 from engine.sampling import make_generator, sample_batch
-from engine.scheduler import ScheduledSeq, Scheduler
+from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.validation import Limits, validate_request
 
@@ -51,6 +51,8 @@ class LLMEngine:
         self._requests: dict[str, list[Sequence]] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
+        self.num_preemptions = 0  # total, for tests and metrics
+        self.num_steps = 0
 
     @property
     def block_size(self) -> int:
@@ -106,9 +108,14 @@ class LLMEngine:
 
     def step(self) -> list[GenerationChunk]:
         """Run one scheduling step; the chunks it produced."""
-        out = self.scheduler.schedule()
+        return self.execute(self.scheduler.schedule())
+
+    def execute(self, out: SchedulerOutput) -> list[GenerationChunk]:
+        """Run a batch the scheduler picked: model, sampling, finish checks, caching."""
+        self.num_preemptions += len(out.preempted)
         if not out.scheduled:
             return []
+        self.num_steps += 1
         batch = [self._runner_seq(s) for s in out.scheduled]
         logits = self.runner.execute(batch)
         done = [s for s in out.scheduled if s.completes]

@@ -1,0 +1,112 @@
+"""AsyncEngine: streaming, n choices, abort and client disconnect free blocks, events."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine.api import (
+    EngineRejected,
+    FinishReason,
+    GenerationChunk,
+    GenerationRequest,
+    KVEventKind,
+    SamplingParams,
+)
+from engine.config import EngineConfig
+from engine.factory import LoadedModel, build_engine
+from engine.kv.hashing import TenantSalt, hash_prompt_blocks
+
+PROMPT = tuple(range(3, 43))  # 40 tokens: 2 full blocks
+
+
+async def _collect(engine: object, req: GenerationRequest) -> list[GenerationChunk]:
+    return [c async for c in engine.generate(req)]  # type: ignore[attr-defined]
+
+
+def test_stream_abort_and_disconnect_free_blocks(tiny_model: LoadedModel) -> None:
+    async def scenario() -> None:
+        engine = build_engine(EngineConfig.tiny(), tiny_model)
+        total = engine.load().num_total_blocks
+        try:
+            chunks = await _collect(
+                engine,
+                GenerationRequest("a", PROMPT, SamplingParams(max_tokens=5, n=2, temperature=0.0)),
+            )
+            assert {c.index for c in chunks} == {0, 1}
+            assert [c.finish_reason for c in chunks if c.finish_reason] == [FinishReason.LENGTH] * 2
+            assert sum(len(c.token_ids) for c in chunks if c.index == 0) == 5
+
+            # client goes away: closing the stream aborts and frees
+            gen = engine.generate(
+                GenerationRequest("b", PROMPT, SamplingParams(max_tokens=200, ignore_eos=True))
+            )
+            first = await gen.__anext__()
+            assert first.request_id == "b"
+            await gen.aclose()  # type: ignore[attr-defined]
+            await _wait_idle(engine, total)
+
+            # explicit abort ends the stream with an abort chunk
+            got: list[GenerationChunk] = []
+
+            async def consume() -> None:
+                async for c in engine.generate(
+                    GenerationRequest("c", PROMPT, SamplingParams(max_tokens=200, ignore_eos=True))
+                ):
+                    got.append(c)
+                    if len(got) == 2:
+                        await engine.abort("c")
+
+            await asyncio.wait_for(consume(), 30)
+            assert got[-1].finish_reason is FinishReason.ABORT
+            await _wait_idle(engine, total)
+
+            with pytest.raises(EngineRejected, match=r"^temperature"):
+                await _collect(
+                    engine, GenerationRequest("d", PROMPT, SamplingParams(temperature=-1))
+                )
+            assert (
+                await _collect(engine, GenerationRequest("e", PROMPT, SamplingParams(max_tokens=2)))
+            )[-1].finish_reason
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+async def _wait_idle(engine: object, total: int) -> None:
+    for _ in range(200):
+        load = engine.load()  # type: ignore[attr-defined]
+        if load.num_running == 0 and load.num_waiting == 0 and load.num_free_blocks == total:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine did not go idle: {engine.load()}")  # type: ignore[attr-defined]
+
+
+def test_prefix_hit_reports_cached_tokens_and_kv_events(tiny_model: LoadedModel) -> None:
+    salt = TenantSalt(b"tenant-1")
+
+    async def scenario() -> None:
+        engine = build_engine(EngineConfig.tiny(), tiny_model)
+        try:
+            p = SamplingParams(max_tokens=3, temperature=0.0)
+            cold = await _collect(engine, GenerationRequest("x", PROMPT, p, salt=salt))
+            warm = await _collect(engine, GenerationRequest("y", PROMPT, p, salt=salt))
+            other = await _collect(
+                engine, GenerationRequest("z", PROMPT, p, salt=TenantSalt(b"tenant-2"))
+            )
+            assert cold[-1].cached_tokens == 0
+            assert warm[-1].cached_tokens == 32
+            assert other[-1].cached_tokens == 0
+            assert [t for c in warm for t in c.token_ids] == [t for c in cold for t in c.token_ids]
+            events = engine.kv_events(0)
+            assert [e.seq for e in events] == list(range(len(events)))
+            stored = [h for e in events if e.kind is KVEventKind.STORED for h in e.block_hashes]
+            assert hash_prompt_blocks(PROMPT, 16, salt) == stored[:2]
+            assert engine.kv_events(len(events)) == []
+            assert engine.kv_events(1, limit=1) == events[1:2]
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())

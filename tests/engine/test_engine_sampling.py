@@ -1,0 +1,111 @@
+"""Sampling: seeded reproducibility, top-k / top-p support, stop strings and ids,
+logprobs, n choices."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.api import FinishReason, GenerationRequest, SamplingParams
+from engine.config import EngineConfig
+from engine.factory import LoadedModel, build_llm_engine
+from engine.output import OutputProcessor
+from engine.sampling import filter_logits, make_generator, sample_row
+from engine.sequence import Sequence
+from engine.tokenizer import ByteTokenizer
+
+PROMPT = tuple(b + 3 for b in b"Once upon a time")
+
+
+def _texts(
+    loaded: LoadedModel, params: SamplingParams, rid: str = "r"
+) -> list[tuple[list[int], str, object]]:
+    engine = build_llm_engine(EngineConfig.tiny(), loaded)
+    out = engine.generate_sync([GenerationRequest(rid, PROMPT, params)])[rid]
+    return [
+        (
+            [t for c in choice for t in c.token_ids],
+            "".join(c.text for c in choice),
+            choice[-1].finish_reason,
+        )
+        for choice in out
+    ]
+
+
+def test_seed_makes_sampling_reproducible_and_choices_differ(tiny_model: LoadedModel) -> None:
+    p = SamplingParams(max_tokens=16, temperature=1.5, seed=42, n=3, ignore_eos=True)
+    first, second = _texts(tiny_model, p), _texts(tiny_model, p)
+    assert first == second
+    assert len({tuple(toks) for toks, _, _ in first}) > 1
+    other = _texts(
+        tiny_model, SamplingParams(max_tokens=16, temperature=1.5, seed=43, ignore_eos=True)
+    )
+    assert other[0][0] != first[0][0]
+
+
+def test_top_k_and_top_p_keep_the_right_support() -> None:
+    logits = torch.log(torch.tensor([0.05, 0.4, 0.3, 0.2, 0.05]))
+    kept = torch.isfinite(filter_logits(logits, top_k=2, top_p=1.0))
+    assert kept.tolist() == [False, True, True, False, False]
+    kept = torch.isfinite(filter_logits(logits, top_k=0, top_p=0.75))  # 0.4 + 0.3 < 0.75 -> +0.2
+    assert kept.tolist() == [False, True, True, True, False]
+    kept = torch.isfinite(filter_logits(logits, top_k=0, top_p=0.1))
+    assert kept.tolist() == [False, True, False, False, False]
+    gen = make_generator(SamplingParams(temperature=1.0, seed=0, top_k=2), 0)
+    draws = {sample_row(logits, SamplingParams(temperature=1.0, top_k=2), gen) for _ in range(200)}
+    assert draws == {1, 2}
+
+
+def _feed(text: str, params: SamplingParams) -> tuple[list[str], FinishReason | None]:
+    """Push ``text`` byte by byte through the output processor, as sampled tokens."""
+    tok = ByteTokenizer()
+    proc = OutputProcessor(tok, max_model_len=1000)
+    seq = Sequence(0, "s", 0, [1, 4], 2, params, None, 0)
+    deltas: list[str] = []
+    for t in tok.encode(text):
+        seq.token_ids.append(t)
+        chunk = proc.process(seq, 2)
+        if chunk is not None:
+            deltas.append(chunk.text)
+        if seq.finish_reason is not None:
+            break
+    return deltas, seq.finish_reason
+
+
+def test_stop_string_cuts_text_and_is_never_streamed() -> None:
+    deltas, reason = _feed(
+        "Hello, woréld! END of it", SamplingParams(max_tokens=100, stop=("END", "ld!!"))
+    )
+    assert reason is FinishReason.STOP
+    assert "".join(deltas) == "Hello, woréld! "
+    assert all("�" not in d and "E" not in d for d in deltas)  # partial UTF-8 / stop held back
+    deltas, reason = _feed("no stop here", SamplingParams(max_tokens=100, stop=("zz",)))
+    assert reason is None and "".join(deltas) == "no stop here"
+    deltas, reason = _feed("abcdef", SamplingParams(max_tokens=4, stop=("cdx",)))
+    assert reason is FinishReason.LENGTH and "".join(deltas) == "abcd"
+
+
+def test_stop_token_id_finishes_without_its_text(tiny_model: LoadedModel) -> None:
+    ((toks, _, _),) = _texts(
+        tiny_model, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    )
+    stop_id = toks[3]
+    first = toks.index(stop_id)
+    ((got, got_text, reason),) = _texts(
+        tiny_model, SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=(stop_id,))
+    )
+    assert reason is FinishReason.STOP
+    assert got == toks[: first + 1]
+    assert got_text == bytes(t - 3 for t in toks[:first]).decode("utf-8", "replace")
+
+
+def test_logprobs_are_reported_per_token(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(EngineConfig.tiny(), tiny_model)
+    p = SamplingParams(max_tokens=4, temperature=0.0, logprobs=3, ignore_eos=True)
+    out = engine.generate_sync([GenerationRequest("lp", PROMPT, p)])["lp"][0]
+    lps = [lp for c in out for lp in c.logprobs]
+    toks = [t for c in out for t in c.token_ids]
+    assert [lp.token_id for lp in lps] == toks
+    for lp in lps:
+        assert len(lp.top) == 3
+        assert lp.top[0][0] == lp.token_id  # greedy picks the most likely token
+        assert lp.logprob <= 0

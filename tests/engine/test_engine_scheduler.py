@@ -1,0 +1,76 @@
+"""Scheduler with the tiny model: chunked prefill under the token budget, decodes
+mixed with prefill chunks, preemption completes everything, admission refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.api import EngineRejected, FinishReason, GenerationRequest, SamplingParams
+from engine.config import EngineConfig
+from engine.factory import LoadedModel, build_llm_engine
+from engine.llm_engine import LLMEngine
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+def _req(rid: str, n_prompt: int, params: SamplingParams = GREEDY) -> GenerationRequest:
+    return GenerationRequest(rid, tuple(3 + (i * 7) % 200 for i in range(n_prompt)), params)
+
+
+def _batch(engine: LLMEngine) -> list[tuple[str, int, int]]:
+    out = engine.scheduler.schedule()
+    engine.execute(out)
+    return [(s.seq.request_id, s.start, s.num_new_tokens) for s in out.scheduled]
+
+
+def test_chunked_prefill_respects_budget_and_mixes_with_decodes(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(EngineConfig.tiny(max_num_batched_tokens=10), tiny_model)
+    engine.add_request(_req("short", 3))
+    assert _batch(engine) == [("short", 0, 3)]
+    engine.add_request(_req("long", 25))
+    assert _batch(engine) == [("short", 3, 1), ("long", 0, 9)]  # a decode + a prefill chunk
+    assert _batch(engine) == [("short", 4, 1), ("long", 9, 9)]
+    assert _batch(engine) == [("short", 5, 1), ("long", 18, 7)]  # long's prefill completes
+    assert _batch(engine) == [("short", 6, 1), ("long", 25, 1)]
+    short = engine._requests["short"][0]
+    long = engine._requests["long"][0]
+    assert short.num_output_tokens == 5 and long.num_output_tokens == 2
+
+
+def test_preemption_under_tiny_block_budget_completes_every_request(
+    tiny_model: LoadedModel,
+) -> None:
+    engine = build_llm_engine(
+        EngineConfig.tiny(num_kv_blocks=6, max_num_batched_tokens=64), tiny_model
+    )
+    reqs = [
+        _req(f"r{i}", 20 + i, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+        for i in range(5)
+    ]
+    out = engine.generate_sync(reqs)
+    for r in reqs:
+        last = out[r.request_id][0][-1]
+        assert last.finish_reason is FinishReason.LENGTH
+        assert last.completion_tokens == 40
+        assert sum(len(c.token_ids) for c in out[r.request_id][0]) == 40
+    assert engine.num_preemptions > 0
+    assert engine.kv.pool.num_free_blocks == 6
+
+
+def test_request_that_cannot_fit_an_empty_cache_is_refused(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(EngineConfig.tiny(num_kv_blocks=4), tiny_model)  # 64 tokens
+    with pytest.raises(EngineRejected, match="max_tokens"):
+        engine.add_request(_req("big", 40, SamplingParams(max_tokens=30)))
+    assert not engine.has_unfinished()
+    out = engine.generate_sync([_req("ok", 40, SamplingParams(max_tokens=24, temperature=0.0))])
+    assert out["ok"][0][-1].finish_reason is not None
+    assert engine.kv.pool.num_free_blocks == 4
+
+
+def test_max_num_seqs_caps_the_running_batch(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(EngineConfig.tiny(max_num_seqs=2), tiny_model)
+    for i in range(4):
+        engine.add_request(_req(f"r{i}", 5))
+    engine.step()
+    assert len(engine.scheduler.running) == 2
+    assert len(engine.scheduler.waiting) == 2
