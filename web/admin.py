@@ -15,10 +15,11 @@ Worker status rows come from a callable the proxy passes in (``[]`` if none).
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from jinja2 import Environment
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import get_tenant_by_name
@@ -29,7 +30,7 @@ from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, set_cookie
 from web.dashboard_data import WorkerRows, admin_context
 from web.errors import ApiError, bad_param
 from web.pages import add_static_route, render_page, template_environment
-from web.params import day_range
+from web.params import picked_range, range_fields
 from web.usage_api import ResultFn, bucketed_answer, download_answer, guarded, invoice_list_answer
 
 STATIC_PREFIX = "/admin/static"
@@ -81,6 +82,60 @@ def _add_api_routes(router: APIRouter, factory: sessionmaker[Session], auth: Adm
         return guarded(body)
 
 
+class AdminPages:
+    """Handlers of the operator pages (thin: data comes from :mod:`web.dashboard_data`)."""
+
+    def __init__(self, factory: sessionmaker[Session], auth: AdminAuth, env: Environment,
+                 worker_status: WorkerStatusFn | None) -> None:
+        self._factory, self._auth, self._env = factory, auth, env
+        self._worker_status = worker_status
+
+    def login_page(self, status: int = 200, error: str | None = None) -> Response:
+        auth = self._auth
+        return render_page(self._env, "login.html", status, static=STATIC_PREFIX,
+                           error=error or auth.problem, disabled=auth.problem is not None,
+                           action="/admin/dashboard/login", field="admin_token",
+                           title="Operator dashboard", label="Admin token", placeholder="")
+
+    def workers(self) -> WorkerRows:
+        """The proxy's worker rows; a failing callable shows as one row, not a 500."""
+        if self._worker_status is None:
+            return []
+        try:
+            return list(self._worker_status())
+        except Exception as exc:  # the page must stay up when a worker probe breaks
+            return [{"error": f"worker status unavailable: {type(exc).__name__}"}]
+
+    def dashboard(self, request: Request, start: str | None = None,
+                  end: str | None = None) -> Response:
+        if not self._auth.is_signed_in(request):
+            return self.login_page(503 if self._auth.problem else 200)
+        first, stop, error = picked_range(start, end, datetime.now(UTC))
+        with self._factory() as session:
+            context = admin_context(session, first, stop, self.workers())
+        return render_page(
+            self._env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
+            dev_open=self._auth.open_dev_mode, **range_fields(first, stop), **context,
+        )
+
+    def login(self, request: Request, admin_token: str = Form("")) -> Response:
+        try:
+            self._auth.check_enabled()
+            check_same_origin(request)
+        except ApiError as exc:
+            return exc.response()
+        if not self._auth.token_matches(admin_token):
+            return self.login_page(401, "That admin token is not valid.")
+        response = RedirectResponse("/admin/dashboard", status_code=303)
+        set_cookie(response, request, ADMIN_COOKIE, self._auth.new_session(), "/admin")
+        return response
+
+    def logout(self) -> Response:
+        response = RedirectResponse("/admin/dashboard", status_code=303)
+        response.delete_cookie(ADMIN_COOKIE, path="/admin", httponly=True, samesite="strict")
+        return response
+
+
 def build_admin_dashboard_router(
     session_factory: sessionmaker[Session],
     settings: Settings,
@@ -89,53 +144,11 @@ def build_admin_dashboard_router(
 ) -> APIRouter:
     """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
     auth = AdminAuth(settings)
-    env = template_environment()
+    pages = AdminPages(session_factory, auth, template_environment(), worker_status)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
     _add_api_routes(router, session_factory, auth)
-
-    def login_page(status: int = 200, error: str | None = None) -> Response:
-        return render_page(env, "login.html", status, static=STATIC_PREFIX,
-                           error=error or auth.problem, disabled=auth.problem is not None,
-                           action="/admin/dashboard/login", field="admin_token",
-                           title="Operator dashboard", label="Admin token", placeholder="")
-
-    @router.get("/admin/dashboard")
-    def dashboard(request: Request, start: str | None = None, end: str | None = None) -> Response:
-        if not auth.is_signed_in(request):
-            return login_page(503 if auth.problem else 200)
-        error = None
-        try:
-            first, stop = day_range(start, end, datetime.now(UTC))
-        except ValueError as exc:
-            error = str(exc)
-            first, stop = day_range(None, None, datetime.now(UTC))
-        workers = list(worker_status()) if worker_status is not None else []
-        with session_factory() as session:
-            context = admin_context(session, first, stop, workers)
-        return render_page(
-            env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
-            start=first.date().isoformat(), end=(stop - timedelta(days=1)).date().isoformat(),
-            dev_open=auth.open_dev_mode, **context,
-        )
-
-    @router.post("/admin/dashboard/login")
-    def login(request: Request, admin_token: str = Form("")) -> Response:
-        try:
-            auth.check_enabled()
-            check_same_origin(request)
-        except ApiError as exc:
-            return exc.response()
-        if not auth.token_matches(admin_token):
-            return login_page(401, "That admin token is not valid.")
-        response = RedirectResponse("/admin/dashboard", status_code=303)
-        set_cookie(response, request, ADMIN_COOKIE, auth.new_session(), "/admin")
-        return response
-
-    @router.post("/admin/dashboard/logout")
-    def logout() -> Response:
-        response = RedirectResponse("/admin/dashboard", status_code=303)
-        response.delete_cookie(ADMIN_COOKIE, path="/admin", httponly=True, samesite="strict")
-        return response
-
+    router.add_api_route("/admin/dashboard", pages.dashboard, methods=["GET"])
+    router.add_api_route("/admin/dashboard/login", pages.login, methods=["POST"])
+    router.add_api_route("/admin/dashboard/logout", pages.logout, methods=["POST"])
     return router

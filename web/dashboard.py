@@ -10,10 +10,11 @@ Invoice downloads on the page link to ``/v1/invoices/{id}/download`` (cookie aut
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
+from jinja2 import Environment
 from sqlalchemy.orm import Session, sessionmaker
 
 from proxy.settings import Settings
@@ -22,9 +23,51 @@ from web.auth import set_cookie as set_session_cookie
 from web.dashboard_data import tenant_context
 from web.errors import ApiError
 from web.pages import add_static_route, render_page, template_environment
-from web.params import day_range
+from web.params import picked_range, range_fields
 
 STATIC_PREFIX = "/dashboard/static"
+
+
+class TenantPages:
+    """Handlers of the tenant pages (thin: data comes from :mod:`web.dashboard_data`)."""
+
+    def __init__(self, factory: sessionmaker[Session], auth: TenantAuth, env: Environment) -> None:
+        self._factory, self._auth, self._env = factory, auth, env
+
+    def login_page(self, status: int = 200, error: str | None = None) -> Response:
+        return render_page(self._env, "login.html", status, static=STATIC_PREFIX, error=error,
+                           action="/dashboard/login", field="api_key", title="Usage dashboard",
+                           label="API key", placeholder="kvt_…")
+
+    def dashboard(self, request: Request, start: str | None = None,
+                  end: str | None = None) -> Response:
+        principal = self._auth.from_cookie(request)
+        if principal is None:
+            return self.login_page()
+        first, stop, error = picked_range(start, end, datetime.now(UTC))
+        with self._factory() as session:
+            context = tenant_context(session, principal.tenant_id, first, stop)
+        return render_page(
+            self._env, "dashboard.html", 400 if error else 200, static=STATIC_PREFIX,
+            error=error, tenant=principal.tenant_name, **range_fields(first, stop), **context,
+        )
+
+    def login(self, request: Request, api_key: str = Form("")) -> Response:
+        try:
+            check_same_origin(request)
+        except ApiError as exc:
+            return exc.response()
+        signed_in = self._auth.sign_in(api_key) if api_key else None
+        if signed_in is None:
+            return self.login_page(401, "That API key is not valid (or was revoked).")
+        response = RedirectResponse("/dashboard", status_code=303)
+        set_session_cookie(response, request, TENANT_COOKIE, signed_in[1], "/")
+        return response
+
+    def logout(self) -> Response:
+        response = RedirectResponse("/dashboard", status_code=303)
+        response.delete_cookie(TENANT_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
 
 
 def build_dashboard_router(
@@ -36,52 +79,10 @@ def build_dashboard_router(
 ) -> APIRouter:
     """The tenant dashboard; share ``tenant_auth`` with :func:`build_usage_api_router`."""
     auth = tenant_auth or TenantAuth(session_factory, session_secret(settings), resolver)
-    env = template_environment()
+    pages = TenantPages(session_factory, auth, template_environment())
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
-
-    def login_page(status: int = 200, error: str | None = None) -> Response:
-        return render_page(env, "login.html", status, static=STATIC_PREFIX, error=error,
-                           action="/dashboard/login", field="api_key", title="Usage dashboard",
-                           label="API key", placeholder="kvt_…")
-
-    @router.get("/dashboard")
-    def dashboard(request: Request, start: str | None = None, end: str | None = None) -> Response:
-        principal = auth.from_cookie(request)
-        if principal is None:
-            return login_page()
-        error = None
-        try:
-            first, stop = day_range(start, end, datetime.now(UTC))
-        except ValueError as exc:
-            error = str(exc)
-            first, stop = day_range(None, None, datetime.now(UTC))
-        with session_factory() as session:
-            context = tenant_context(session, principal.tenant_id, first, stop)
-        return render_page(
-            env, "dashboard.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
-            tenant=principal.tenant_name, start=first.date().isoformat(),
-            end=(stop - timedelta(days=1)).date().isoformat(),
-            **context,
-        )
-
-    @router.post("/dashboard/login")
-    def login(request: Request, api_key: str = Form("")) -> Response:
-        try:
-            check_same_origin(request)
-        except ApiError as exc:
-            return exc.response()
-        signed_in = auth.sign_in(api_key) if api_key else None
-        if signed_in is None:
-            return login_page(401, "That API key is not valid (or was revoked).")
-        response = RedirectResponse("/dashboard", status_code=303)
-        set_session_cookie(response, request, TENANT_COOKIE, signed_in[1], "/")
-        return response
-
-    @router.post("/dashboard/logout")
-    def logout(request: Request) -> Response:
-        response = RedirectResponse("/dashboard", status_code=303)
-        response.delete_cookie(TENANT_COOKIE, path="/", httponly=True, samesite="strict")
-        return response
-
+    router.add_api_route("/dashboard", pages.dashboard, methods=["GET"])
+    router.add_api_route("/dashboard/login", pages.login, methods=["POST"])
+    router.add_api_route("/dashboard/logout", pages.logout, methods=["POST"])
     return router

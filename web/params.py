@@ -133,6 +133,21 @@ def day_range(start: str | None, end: str | None, today: datetime) -> tuple[date
     return first, last + timedelta(days=1)
 
 
+def picked_range(
+    start: str | None, end: str | None, today: datetime
+) -> tuple[datetime, datetime, str | None]:
+    """:func:`day_range`, falling back to the default range with the reason on bad input."""
+    try:
+        return (*day_range(start, end, today), None)
+    except ValueError as exc:
+        return (*day_range(None, None, today), str(exc))
+
+
+def range_fields(first: datetime, stop: datetime) -> dict[str, str]:
+    """The date picker's values for ``[first, stop)`` (end shown inclusive)."""
+    return {"start": first.date().isoformat(), "end": (stop - timedelta(days=1)).date().isoformat()}
+
+
 def _iso_day(text: str, what: str) -> datetime:
     try:
         day = datetime.strptime(text, "%Y-%m-%d")
