@@ -1,0 +1,271 @@
+"""An OpenAI-compatible server over HTTP as an :class:`~proxy.upstream.base.Upstream`:
+kvtoll workers, vLLM, SGLang or anything speaking ``/v1/chat/completions``.
+
+Every request goes upstream streamed (``stream: true`` with
+``stream_options.include_usage``), whatever the client asked, and is read back as
+server-sent events into :class:`UpstreamDelta` items and one :class:`UpstreamUsage`.
+The server-derived tenant salt travels as ``cache_salt`` (hex), the field kvtoll
+workers and vLLM read (``send_salt=False`` for servers that refuse unknown fields).
+
+Status mapping (the caller's mistake vs the upstream's problem):
+
+* 400, 413, 422 -> :class:`UpstreamRejected` (422 reported as 400): the body is wrong
+  and another upstream would refuse it too;
+* 401, 403, 404, 408, 429, 5xx, connection errors, timeouts, a malformed or cut
+  stream -> :class:`UpstreamError`, ``retryable`` while nothing was yielded.
+
+Upstreams that send no usage: prompt tokens are the proxy's own count
+(``prompt_token_ids``) or about 4 characters per token, completion tokens the number
+of non-empty deltas; ``UpstreamUsage.extra["estimated"]`` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from engine.serving.sse import DONE_SENTINEL, aiter_sse_data
+from proxy.upstream.base import (
+    UpstreamDelta,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamRequest,
+    UpstreamUsage,
+)
+
+_REJECTED = {400: 400, 413: 413, 422: 400}
+_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class HttpUpstreamConfig:
+    """Where and how to reach one OpenAI-compatible server."""
+
+    base_url: str  # http://host:port (a trailing /v1 is accepted)
+    api_key: str | None = None
+    model: str | None = None  # model name to send instead of the client's
+    send_salt: bool = True
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0  # longest silence between two bytes
+    max_connections: int = 256
+
+    def root(self) -> str:
+        """``base_url`` without a trailing ``/`` or ``/v1``."""
+        url = self.base_url.rstrip("/")
+        return url.removesuffix("/v1")
+
+
+class HttpUpstream:
+    """One OpenAI-compatible server reached with a pooled ``httpx.AsyncClient``."""
+
+    def __init__(self, config: HttpUpstreamConfig, client: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self._root = config.root()
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                config.read_timeout_s,
+                connect=config.connect_timeout_s,
+                pool=config.connect_timeout_s,
+            ),
+            limits=httpx.Limits(max_connections=config.max_connections),
+        )
+
+    @property
+    def name(self) -> str:
+        return self._root
+
+    def request_body(self, request: UpstreamRequest) -> dict[str, Any]:
+        """The body sent upstream: the client's, forced to stream with usage, with
+        the proxy's salt (and model override)."""
+        body = {k: v for k, v in request.body.items() if k != "cache_salt"}
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if self.config.model is not None:
+            body["model"] = self.config.model
+        if self.config.send_salt:
+            body["cache_salt"] = request.salt.hex()
+        return body
+
+    def _headers(self, request: UpstreamRequest) -> dict[str, str]:
+        headers = {"accept": "text/event-stream", "x-request-id": request.request_id}
+        if self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    async def stream(
+        self, request: UpstreamRequest
+    ) -> AsyncGenerator[UpstreamDelta | UpstreamUsage, None]:
+        """Deltas then one usage item (see :class:`~proxy.upstream.base.Upstream`)."""
+        reader = _StreamReader(request)
+        url = self._root + _PATHS[request.kind]
+        try:
+            async with self._client.stream(
+                "POST", url, json=self.request_body(request), headers=self._headers(request)
+            ) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise _status_error(resp)
+                async for data in aiter_sse_data(resp.aiter_lines()):
+                    for delta in reader.feed(data):
+                        yield delta
+        except httpx.TimeoutException as exc:
+            raise reader.error(f"{self.name} timed out ({type(exc).__name__})", 504) from None
+        except httpx.TransportError as exc:
+            raise reader.error(f"{self.name} unreachable: {exc!r}", 502) from None
+        yield reader.finish()
+
+    async def health(self) -> bool:
+        """``GET /healthz`` (kvtoll workers, vLLM), else ``GET /v1/models``."""
+        timeout = httpx.Timeout(self.config.connect_timeout_s)
+        for path in ("/healthz", "/v1/models"):
+            try:
+                resp = await self._client.get(self._root + path, timeout=timeout)
+            except httpx.HTTPError:
+                return False
+            if resp.status_code == 200:
+                return True
+            if resp.status_code != 404:
+                return False
+        return False
+
+    async def aclose(self) -> None:
+        """Close the connection pool (when this upstream created it)."""
+        if self._owns_client:
+            await self._client.aclose()
+
+
+class _StreamReader:
+    """Turns SSE ``data`` payloads of one response into deltas and the final usage."""
+
+    def __init__(self, request: UpstreamRequest) -> None:
+        self.request = request
+        self.kind = request.kind
+        self.produced = False
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.finished: set[int] = set()
+        self.num_deltas = 0
+
+    def error(self, message: str, status: int = 502) -> UpstreamError:
+        return UpstreamError(message, status=status, retryable=not self.produced)
+
+    def feed(self, data: str) -> list[UpstreamDelta]:
+        if data == DONE_SENTINEL:
+            self.done = True
+            return []
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            raise self.error(f"malformed event from upstream: {data[:200]!r}") from None
+        if not isinstance(event, dict):
+            raise self.error(f"malformed event from upstream: {data[:200]!r}")
+        if "error" in event:
+            raise self.error(f"upstream error mid-stream: {_error_message(event)}")
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        deltas = [d for d in map(self._delta, event.get("choices") or []) if d is not None]
+        self.produced = self.produced or bool(deltas)
+        return deltas
+
+    def _delta(self, choice: dict[str, Any]) -> UpstreamDelta | None:
+        index = int(choice.get("index", 0))
+        if self.kind == "chat":
+            delta = choice.get("delta") or {}
+            text, tool_calls = delta.get("content") or "", delta.get("tool_calls")
+        else:
+            text, tool_calls = choice.get("text") or "", None
+        reason, logprobs = choice.get("finish_reason"), choice.get("logprobs")
+        if reason is not None:
+            self.finished.add(index)
+        if not (text or reason or tool_calls or logprobs):
+            return None
+        self.num_deltas += bool(text)
+        return UpstreamDelta(index, text, reason, logprobs, tool_calls)
+
+    def finish(self) -> UpstreamUsage:
+        """The usage item; an error if the stream stopped before its end."""
+        if not self.done and not self.finished:
+            raise self.error("upstream stream ended before completion")
+        if self.usage is not None:
+            return _reported_usage(self.usage)
+        return self._estimated_usage()
+
+    def _estimated_usage(self) -> UpstreamUsage:
+        ids = self.request.prompt_token_ids
+        if ids is not None:
+            prompt, method = len(ids), "proxy tokenizer"
+        else:
+            prompt, method = _approx_prompt_tokens(self.request.body), "chars/4"
+        extra = {"estimated": True, "prompt_method": method, "completion_method": "delta count"}
+        return UpstreamUsage(prompt, self.num_deltas, 0, extra)
+
+
+def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    extra = {} if cached is not None else {"cached_tokens_reported": False}
+    return UpstreamUsage(
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        int(cached or 0),
+        extra,
+    )
+
+
+def _approx_prompt_tokens(body: dict[str, Any]) -> int:
+    texts: list[str] = []
+    num_ids = 0
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    prompt = body.get("prompt")
+    items = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, int):
+            num_ids += 1
+        elif isinstance(item, list):
+            num_ids += len(item)
+    return max(1, num_ids + math.ceil(sum(map(len, texts)) / CHARS_PER_TOKEN))
+
+
+def _error_message(body: object) -> str:
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        for key in ("message", "detail", "error"):
+            if isinstance(body.get(key), str):
+                return str(body[key])
+    return str(body)[:500]
+
+
+def _error_param(body: object) -> str | None:
+    err = body.get("error") if isinstance(body, dict) else None
+    param = err.get("param") if isinstance(err, dict) else None
+    return param if isinstance(param, str) else None
+
+
+def _status_error(resp: httpx.Response) -> UpstreamRejected | UpstreamError:
+    try:
+        body: object = resp.json()
+    except ValueError:
+        body = resp.text
+    message = _error_message(body)
+    if resp.status_code in _REJECTED:
+        return UpstreamRejected(
+            message, status=_REJECTED[resp.status_code], param=_error_param(body)
+        )
+    status = 504 if resp.status_code == 408 else 502
+    return UpstreamError(f"upstream answered {resp.status_code}: {message}", status=status)

@@ -1,0 +1,244 @@
+"""HttpUpstream against real servers on free ports: a kvtoll worker with the tiny
+engine, and a scripted OpenAI-compatible server for third-party behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from upstream_helpers import Script, SpyEngine, chat_event, scripted_server
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.factory import build_engine
+from engine.kv.hashing import TenantSalt, derive_tenant_salt
+from engine.serving.app import build_worker_app
+from engine.serving.server import serve_in_background
+from proxy.upstream.base import (
+    UpstreamDelta,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamRequest,
+    UpstreamUsage,
+)
+from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
+
+pytestmark = pytest.mark.anyio
+SALT_A = derive_tenant_salt(b"secret", "tenant-a")
+SALT_B = derive_tenant_salt(b"secret", "tenant-b")
+LONG = "You are a careful assistant. Answer briefly and cite sources. " * 2
+
+
+def _req(
+    body: dict[str, Any], salt: TenantSalt = SALT_A, kind: str = "chat", rid: str = "r1"
+) -> UpstreamRequest:
+    return UpstreamRequest(rid, kind, "kvtoll-tiny", body, salt)  # type: ignore[arg-type]
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "kvtoll-tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+async def _run(up: HttpUpstream, req: UpstreamRequest) -> tuple[list[UpstreamDelta], UpstreamUsage]:
+    items = [item async for item in up.stream(req)]
+    assert isinstance(items[-1], UpstreamUsage)
+    assert all(isinstance(i, UpstreamDelta) for i in items[:-1])
+    return items[:-1], items[-1]  # type: ignore[return-value]
+
+
+@pytest.fixture
+async def spy() -> AsyncIterator[SpyEngine]:
+    engine: AsyncEngine = build_engine(EngineConfig.tiny(max_n=2))
+    yield SpyEngine(engine)
+    engine.shutdown()
+
+
+@pytest.fixture
+async def worker(spy: SpyEngine) -> AsyncIterator[HttpUpstream]:
+    async with serve_in_background(build_worker_app(spy)) as url:
+        up = HttpUpstream(HttpUpstreamConfig(url + "/v1/"))
+        yield up
+        await up.aclose()
+
+
+async def test_chat_stream_from_worker(worker: HttpUpstream, spy: SpyEngine) -> None:
+    deltas, usage = await _run(worker, _req(_chat(max_tokens=5, ignore_eos=True, n=2)))
+    assert {d.index for d in deltas} == {0, 1}
+    assert sorted(d.finish_reason for d in deltas if d.finish_reason) == ["length", "length"]
+    assert usage.completion_tokens == 10 and usage.prompt_tokens > 0 and usage.extra == {}
+    assert spy.requests[0].salt == SALT_A
+    assert worker.name.endswith(str(worker.config.root().rsplit(":", 1)[1]))
+
+
+async def test_completion_kind(worker: HttpUpstream) -> None:
+    body = {"model": "kvtoll-tiny", "prompt": "abc", "max_tokens": 3, "ignore_eos": True}
+    deltas, usage = await _run(worker, _req(body, kind="completion"))
+    assert usage.completion_tokens == 3 and deltas[-1].finish_reason == "length"
+
+
+async def test_salt_isolation_and_client_salt_ignored(worker: HttpUpstream, spy: SpyEngine) -> None:
+    body = {"model": "kvtoll-tiny", "prompt": LONG, "max_tokens": 1, "cache_salt": "ff" * 16}
+
+    async def cached(salt: TenantSalt) -> int:
+        return (await _run(worker, _req(body, salt, "completion")))[1].cached_tokens
+
+    assert await cached(SALT_A) == 0
+    assert await cached(SALT_A) > 0
+    assert await cached(SALT_B) == 0
+    assert {r.salt for r in spy.requests} == {SALT_A, SALT_B}
+
+
+async def test_worker_rejections_are_upstream_rejected(worker: HttpUpstream) -> None:
+    with pytest.raises(UpstreamRejected) as info:
+        await _run(worker, _req(_chat(max_tokens=1000)))
+    assert (info.value.status, info.value.param) == (400, "max_tokens")
+    with pytest.raises(UpstreamRejected) as info:
+        await _run(worker, _req(_chat(n=3)))
+    assert info.value.param == "n"
+
+
+async def test_closing_the_stream_aborts_the_worker_request(
+    worker: HttpUpstream, spy: SpyEngine
+) -> None:
+    spy.chunk_delay_s = 0.02
+    stream = worker.stream(_req(_chat(max_tokens=200, ignore_eos=True)))
+    first = await anext(stream)
+    assert isinstance(first, UpstreamDelta)
+    await stream.aclose()
+    for _ in range(500):
+        if spy.closed_early:
+            break
+        await asyncio.sleep(0.01)
+    assert spy.closed_early == [spy.requests[0].request_id]
+
+
+async def test_health(worker: HttpUpstream) -> None:
+    assert await worker.health() is True
+    dead = HttpUpstream(HttpUpstreamConfig("http://127.0.0.1:9", connect_timeout_s=1))
+    assert await dead.health() is False
+    with pytest.raises(UpstreamError) as info:
+        await _run(dead, _req(_chat()))
+    assert info.value.retryable and info.value.status == 502
+    await dead.aclose()
+
+
+@pytest.fixture
+def script() -> Script:
+    return Script()
+
+
+@pytest.fixture
+async def third_party(script: Script) -> AsyncIterator[HttpUpstream]:
+    async with serve_in_background(scripted_server(script)) as url:
+        cfg = HttpUpstreamConfig(
+            url, api_key="sk-up", model="served-name", send_salt=False, read_timeout_s=0.5
+        )
+        up = HttpUpstream(cfg)
+        yield up
+        await up.aclose()
+
+
+async def test_request_body_forces_streaming_usage_and_overrides(
+    third_party: HttpUpstream, script: Script
+) -> None:
+    script.events = [chat_event(0, None), chat_event(0, "Hi"), chat_event(0, "", "stop")]
+    await _run(third_party, _req(_chat(stream=False, cache_salt="ab")))
+    sent = script.received[0]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["model"] == "served-name" and "cache_salt" not in sent
+    assert script.headers[0]["authorization"] == "Bearer sk-up"
+    assert script.headers[0]["x-request-id"] == "r1"
+
+
+async def test_salt_sent_as_hex_by_default(worker: HttpUpstream) -> None:
+    assert worker.request_body(_req(_chat(cache_salt="00")))["cache_salt"] == SALT_A.hex()
+
+
+async def test_missing_usage_is_estimated(third_party: HttpUpstream, script: Script) -> None:
+    script.events = [
+        chat_event(0, None),
+        chat_event(0, "Hel"),
+        chat_event(0, "lo"),
+        chat_event(0, None, "stop"),
+    ]
+    body = _chat(messages=[{"role": "user", "content": "x" * 40}])
+    deltas, usage = await _run(third_party, _req(body))
+    assert [d.text for d in deltas] == ["Hel", "lo", ""]
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (10, 2, 0)
+    assert usage.extra["estimated"] is True
+    req = UpstreamRequest("r", "chat", "m", body, SALT_A, prompt_token_ids=(1, 2, 3))
+    assert (await _run(third_party, req))[1].prompt_tokens == 3
+
+
+async def test_reported_usage_without_cached_details(
+    third_party: HttpUpstream, script: Script
+) -> None:
+    script.events = [
+        chat_event(0, "a", "stop"),
+        {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}},
+    ]
+    usage = (await _run(third_party, _req(_chat())))[1]
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (7, 1, 0)
+    assert usage.extra == {"cached_tokens_reported": False}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "mapped"),
+    [
+        (400, {"error": {"message": "bad n", "param": "n"}}, UpstreamRejected, 400),
+        (422, {"detail": "wrong type"}, UpstreamRejected, 400),
+        (413, {"error": {"message": "too big"}}, UpstreamRejected, 413),
+        (401, {"error": {"message": "no key"}}, UpstreamError, 502),
+        (404, {"detail": "Not Found"}, UpstreamError, 502),
+        (429, {"error": {"message": "slow down"}}, UpstreamError, 502),
+        (500, "boom", UpstreamError, 502),
+        (503, {"object": "error", "message": "overloaded"}, UpstreamError, 502),
+    ],
+)
+async def test_status_mapping(
+    third_party: HttpUpstream, script: Script, status: int, body: Any, kind: type, mapped: int
+) -> None:
+    script.status, script.error_body = status, body
+    with pytest.raises(kind) as info:
+        await _run(third_party, _req(_chat()))
+    err = info.value
+    assert isinstance(err, UpstreamError | UpstreamRejected)
+    assert err.status == mapped
+    if isinstance(err, UpstreamError):
+        assert err.retryable is True
+    if status == 400:
+        assert isinstance(err, UpstreamRejected)
+        assert err.param == "n" and str(err) == "bad n"
+
+
+@pytest.mark.parametrize(
+    ("events", "send_done", "retryable"),
+    [
+        ([chat_event(0, "a"), {"error": {"message": "engine died"}}], True, False),
+        ([{"error": {"message": "engine died"}}], True, True),
+        ([chat_event(0, "a"), "{not json"], True, False),
+        ([chat_event(0, "a")], False, False),  # cut: no finish, no [DONE]
+        ([], False, True),
+    ],
+)
+async def test_broken_streams_are_upstream_errors(
+    third_party: HttpUpstream, script: Script, events: list[Any], send_done: bool, retryable: bool
+) -> None:
+    script.events, script.send_done = events, send_done
+    with pytest.raises(UpstreamError) as info:
+        await _run(third_party, _req(_chat()))
+    assert info.value.retryable is retryable
+
+
+async def test_read_timeout(third_party: HttpUpstream, script: Script) -> None:
+    script.events, script.delay_s = [chat_event(0, "late", "stop")], 2.0
+    with pytest.raises(UpstreamError) as info:
+        await _run(third_party, _req(_chat()))
+    assert info.value.status == 504 and info.value.retryable
+
+
+async def test_health_falls_back_to_models(third_party: HttpUpstream, script: Script) -> None:
+    script.has_healthz = False
+    assert await third_party.health() is True
