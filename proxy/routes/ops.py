@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
@@ -21,10 +22,12 @@ async def readyz(state: StateDep) -> Response:
     """Readiness: at least one upstream healthy. A failing database does not make the
     gateway unready (usage goes to the outbox); it is reported in the body."""
     ready = state.pool.any_healthy()
+    backlog = await anyio.to_thread.run_sync(state.outbox.depth)
     body = {
         "status": "ready" if ready else "unready",
         "upstreams_healthy": ready,
-        "ledger": "outbox" if state.meter.db_suspected_down else "ok",
+        "ledger": "outbox" if backlog or state.meter.db_suspected_down else "ok",
+        "outbox_depth": backlog,
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -129,3 +129,22 @@ def test_a_global_system_prompt_does_not_pull_sequential_traffic_to_one_worker()
         chosen[worker] += 1
     assert set(chosen) == set(W)
     assert max(chosen.values()) <= 15
+
+
+def test_metrics_collector_exports_the_prediction_error_histogram() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from proxy.routing.metrics import RoutingCollector
+
+    router = PrefixRouter(make_policy("cache_aware"), StaticSource(), BS)
+    store(router, W[0], list(range(64)), SALT_A)
+    plan = router.plan(list(range(80)), SALT_A)
+    router.dispatched("r1", plan, W[0])
+    router.completed("r1", 32)
+    registry = CollectorRegistry()
+    registry.register(RoutingCollector(router))
+    text = generate_latest(registry).decode()
+    assert 'kvtoll_router_prediction_error_tokens_bucket{le="16.0"} 0.0' in text
+    assert 'kvtoll_router_prediction_error_tokens_bucket{le="64.0"} 1.0' in text
+    assert "kvtoll_router_prediction_error_tokens_sum 32.0" in text
+    assert "kvtoll_router_prediction_signed_error_tokens_total 32.0" in text

@@ -1,0 +1,29 @@
+"""Run the real gateway over a scripted upstream in its own process (for kill -9 tests).
+
+    python -m tests.proxy.serve_scripted DATABASE_URL DATA_DIR PORT
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from billing.db import make_engine, session_factory
+from proxy.config import ProxyConfig
+from proxy.settings import load_settings
+from tests.proxy.helpers import ADMIN_TOKEN, build_app
+from tests.proxy.scripted import ScriptedUpstream
+
+
+def main(database_url: str, data_dir: str, port: int) -> None:
+    settings = load_settings(database_url=database_url, admin_token=ADMIN_TOKEN,
+                             secret="test-server-secret", data_dir=data_dir, redis_url=None)
+    factory = session_factory(make_engine(database_url))
+    config = ProxyConfig(outbox_replay_interval_s=0.1, db_retry_after_failure_s=0.1)
+    app = build_app(settings, factory, upstreams=[ScriptedUpstream()], config=config)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

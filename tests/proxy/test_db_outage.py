@@ -1,0 +1,81 @@
+"""PostgreSQL unreachable during traffic: requests are still answered, usage goes to the
+outbox and is replayed when the database is back; ledger rows = successful responses."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.db import make_engine, session_factory
+from proxy.config import ProxyConfig
+from proxy.settings import Settings
+from tests.proxy.helpers import (
+    MODEL,
+    LiveServer,
+    build_app,
+    ledger_count,
+    ledger_rows,
+    seed,
+    wait_until,
+)
+from tests.proxy.scripted import ScriptedUpstream
+from tests.proxy.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.postgres
+FAST = ProxyConfig(outbox_replay_interval_s=0.1, db_retry_after_failure_s=0.1)
+
+
+def test_pg_outage_during_traffic(
+    settings: Settings, pg_proxy: tuple[TcpProxy, str], direct: sessionmaker[Session]
+) -> None:
+    proxy, proxied_url = pg_proxy
+    tenants = seed(direct)
+    engine = make_engine(proxied_url)
+    app = build_app(settings, session_factory(engine), upstreams=[ScriptedUpstream()],
+                    config=FAST)
+    request_ids: list[str] = []
+    with LiveServer(app) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=tenants.key_a, max_retries=0)
+
+        def chat(stream: bool = False) -> None:
+            messages = [{"role": "user", "content": "hi"}]
+            if stream:
+                with client.chat.completions.with_streaming_response.create(
+                    model=MODEL, messages=messages, stream=True  # type: ignore[arg-type]
+                ) as response:
+                    list(response.iter_lines())
+                    request_ids.append(response.headers["x-kvtoll-request-id"])
+                return
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages  # type: ignore[arg-type]
+            )
+            assert raw.parse().choices[0].message.content
+            request_ids.append(raw.headers["x-kvtoll-request-id"])
+
+        for _ in range(3):
+            chat()
+        assert ledger_count(direct) == 3
+
+        proxy.stop()  # the database is now unreachable for the gateway
+        for i in range(6):
+            chat(stream=i % 2 == 1)
+        state = app.state.kvtoll
+        assert state.outbox.depth() == 6
+        assert ledger_count(direct) == 3
+        ready = httpx.get(server.url + "/readyz").json()
+        assert ready["ledger"] == "outbox"
+        depth = httpx.get(server.url + "/metrics").text
+        assert "kvtoll_outbox_depth 6.0" in depth
+
+        proxy.start()  # back: the background replay drains the outbox
+        wait_until(lambda: state.outbox.depth() == 0, "outbox replay")
+        wait_until(lambda: "kvtoll_outbox_depth 0.0" in httpx.get(server.url + "/metrics").text,
+                   "outbox depth metric")
+        chat()
+    engine.dispose()
+    rows = ledger_rows(direct)
+    assert sorted(r.request_id for r in rows) == sorted(request_ids)
+    assert len(rows) == 10
+    assert all(r.billed_pico > 0 and r.status.value == "ok" for r in rows)
