@@ -1,0 +1,1 @@
+"""Alembic migrations for the billing schema; run them with :mod:`billing.migrate`."""
