@@ -145,5 +145,10 @@ def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEnt
 
 
 def get_usage(session: Session, request_id: str) -> UsageRecord | None:
-    """The ledger row for ``request_id``, if recorded."""
-    return session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).first()
+    """The ledger row for ``request_id`` (any UUID spelling), if recorded."""
+    try:
+        canonical = str(uuid.UUID(request_id))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    query = select(UsageRecord).where(UsageRecord.request_id == canonical)
+    return session.scalars(query).first()

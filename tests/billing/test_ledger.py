@@ -53,6 +53,7 @@ def test_write_rates_at_the_price_in_force_and_is_idempotent(factory: Factory) -
     february = _entry(tenant_id, key_id, created_at=T0 + timedelta(days=40))
     assert write_usage(factory, january) is True
     assert write_usage(factory, january) is False
+    assert write_usage(factory, replace(january, request_id=january.request_id.upper())) is False
     assert write_usage(factory, replace(january, prompt_tokens=999)) is False
     assert write_usage(factory, february) is True
     assert _rows(factory) == 2
@@ -64,6 +65,8 @@ def test_write_rates_at_the_price_in_force_and_is_idempotent(factory: Factory) -
         assert (second.billed_pico, second.list_pico) == (48_000_000, 54_000_000)
         assert first.price_id is not None and first.price_id != second.price_id
         assert first.prompt_tokens == 100 and first.created_at == january.created_at
+        assert get_usage(session, january.request_id.upper()) is not None
+        assert get_usage(session, "not-a-uuid") is None
         assert first.served_by is ServedBy.ENGINE and first.status is RequestStatus.OK
 
 
