@@ -104,6 +104,11 @@ class RoutingStack:
     async def start(self) -> None:
         """First refresh now (so the pool is known), then the background loops."""
         await self.registry.refresh()
+        sizes = {w.block_size for w in self.registry.workers() if w.block_size}
+        if len(sizes) > 1:
+            raise ValueError(f"workers disagree on the KV block size: {sorted(sizes)}")
+        if sizes:
+            self.router.block_size = sizes.pop()  # hash prompts exactly as the workers do
         self._stop.clear()
         self._tasks = [
             asyncio.create_task(self.registry.run(self._stop)),

@@ -66,6 +66,7 @@ class WorkerInfo:
     load: WorkerLoad
     instance_id: str | None
     incarnation: int
+    block_size: int | None = None  # as the worker's /load reports it
 
 
 @dataclass
@@ -231,7 +232,7 @@ class WorkerRegistry:
 
     async def _check(self, entry: _Entry) -> None:
         try:
-            load, instance_id = await self._probe(entry)
+            load, instance_id, block_size = await self._probe(entry)
         except (httpx.HTTPError, ValueError, OSError) as exc:
             entry.failures += 1
             if entry.info.healthy and entry.failures >= self.config.failures_to_evict:
@@ -250,10 +251,11 @@ class WorkerRegistry:
             load=load,
             incarnation=incarnation,
             instance_id=instance_id or info.instance_id,
+            block_size=block_size or info.block_size,
             kv_events="none" if entry.probe != "load" else info.kv_events,
         )
 
-    async def _probe(self, entry: _Entry) -> tuple[WorkerLoad, str | None]:
+    async def _probe(self, entry: _Entry) -> tuple[WorkerLoad, str | None, int | None]:
         """``GET /load``, falling back for servers without it (remembered per worker)."""
         url = entry.info.url
         if entry.probe == "load":
@@ -261,7 +263,8 @@ class WorkerRegistry:
             if response.status_code != 404:
                 response.raise_for_status()
                 body = response.json()
-                return parse_load(body), body.get("instance_id")
+                size = body.get("block_size")
+                return parse_load(body), body.get("instance_id"), int(size) if size else None
             entry.probe = "healthz"
         for probe in ("healthz", "health"):
             if entry.probe != probe:
@@ -271,7 +274,7 @@ class WorkerRegistry:
                 entry.probe = "health"
                 continue
             response.raise_for_status()
-            return WorkerLoad(), None
+            return WorkerLoad(), None, None
         raise ValueError(f"{url} answers neither /load, /healthz nor /health")
 
 
