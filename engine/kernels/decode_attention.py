@@ -43,6 +43,49 @@ TARGET_PROGRAMS = 264  # ~2 waves of an H100's 132 SMs
 
 
 @triton.jit
+def _decode_tile(  # type: ignore[no-untyped-def]  # triton-typed
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    tile,
+    end,
+    kv_head_off,
+    qk_scale,
+    stride_cb,
+    stride_ct,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update of (acc, m, l) with context tokens [tile, tile+BLOCK_N) < end."""
+    offs_n = tile + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = offs_n < end
+    block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    rows = block_ids * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head_off
+    kv_ptrs = rows[:, None] + offs_d[None, :]
+    k = tl.load(k_cache_ptr + kv_ptrs, mask=valid[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + kv_ptrs, mask=valid[:, None], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     q_ptr,
     k_cache_ptr,
@@ -93,24 +136,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bts
     for tile in range(start, end, BLOCK_N):
-        offs_n = tile + tl.arange(0, BLOCK_N)
-        valid = offs_n < end
-        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        rows = block_ids * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
-        kv_ptrs = rows[:, None] + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_ptrs, mask=valid[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_ptrs, mask=valid[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = _decode_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_ptr, tile, end,
+            kv_head * stride_ch, qk_scale, stride_cb, stride_ct,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, DOT_PRECISION,
+        )  # fmt: skip
 
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]

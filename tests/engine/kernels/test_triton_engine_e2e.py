@@ -14,7 +14,7 @@ from engine.factory import LoadedModel, build_llm_engine
 from engine.kernels import decode_attention, extend_attention
 from engine.llm_engine import LLMEngine
 
-GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 SHARED = list(range(3, 3 + 37))  # > 2 blocks of 16: its full blocks get cached
 
 
