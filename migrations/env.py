@@ -4,18 +4,21 @@ The database comes, in order, from: a connection passed programmatically in
 ``config.attributes["connection"]``, a URL in ``config.attributes["url"]``
 (see :mod:`billing.migrate`), ``sqlalchemy.url`` in an ini file, or the kvtoll
 settings (``KVTOLL_DATABASE_URL``). SQLite runs in batch mode so that later
-migrations can alter tables.
+migrations can alter tables. On PostgreSQL the upgrade holds a transaction-level
+advisory lock, so replicas that all migrate at start-up do it one after another
+(the later ones find the schema at head and do nothing).
 """
 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from billing.db import make_engine
 from billing.models import Base
 
 target_metadata = Base.metadata
+MIGRATION_LOCK_KEY = 0x6B76746F6C6C  # "kvtoll"
 
 
 def _database_url() -> str:
@@ -49,19 +52,25 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _run_locked(connection: Connection) -> None:
+    _configure(connection)
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connection = context.config.attributes.get("connection")
     if connection is not None:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run_locked(connection)
         return
     engine = make_engine(_database_url())
     try:
         with engine.connect() as conn:
-            _configure(conn)
-            with context.begin_transaction():
-                context.run_migrations()
+            _run_locked(conn)
     finally:
         engine.dispose()
 

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import multiprocessing
+from multiprocessing.synchronize import Event
+
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -73,3 +76,24 @@ def test_offline_mode_renders_sql_without_a_database(capsys: pytest.CaptureFixtu
     sql = capsys.readouterr().out
     assert "CREATE TABLE usage_ledger" in sql
     assert "uq_usage_ledger_request_id" in sql
+
+
+def _replica_upgrade(url: str, start: Event) -> None:
+    start.wait(30)
+    upgrade(url)
+
+
+def test_concurrent_upgrades_on_postgres_serialise(postgres_url: str) -> None:
+    """Replicas that all migrate at start-up (processes: Alembic's context is global)."""
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    replicas = [
+        context.Process(target=_replica_upgrade, args=(postgres_url, start)) for _ in range(3)
+    ]
+    for replica in replicas:
+        replica.start()
+    start.set()
+    for replica in replicas:
+        replica.join(120)
+    assert [replica.exitcode for replica in replicas] == [0, 0, 0]
+    assert _tables(postgres_url) == TABLES and is_up_to_date(postgres_url)
