@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -41,6 +41,14 @@ from proxy.state import ProxyState
 from proxy.upstream.base import Upstream
 
 DEFAULT_RATELIMIT_PREFIX = "kvtoll:rl:"
+
+
+class Resource(Protocol):
+    """Something with a life cycle the app owns (semantic cache, routing stack)."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 def _limiter(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
@@ -70,9 +78,15 @@ def create_app(
     router: RouterHook | None = None,
     limiter: RateLimiter | None = None,
     ratelimit_prefix: str = DEFAULT_RATELIMIT_PREFIX,
+    resources: Sequence[Resource] = (),
+    extra_routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
     """Build the gateway app. Raises ``ValueError`` if the settings are unsafe to serve
-    with (admin token empty or well known, or no server secret, outside dev mode)."""
+    with (admin token empty or well known, or no server secret, outside dev mode).
+
+    ``resources`` (e.g. the semantic cache, the routing stack) are started in order at
+    startup and closed in reverse order at shutdown; ``extra_routers`` are included
+    as they are (their dependencies can use :mod:`proxy.deps`)."""
     problem = settings.admin_token_problem()
     if problem:
         raise ValueError(problem)
@@ -100,18 +114,32 @@ def create_app(
                        outbox=outbox, limiter=limiter, models=tuple(models))
     app = FastAPI(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.kvtoll = state
+    app.state.kvtoll_resources = tuple(resources)
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, _on_rate_limited)
     app.add_exception_handler(BillingError, admin.on_billing_error)
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(admin.router)
+    for extra in extra_routers:
+        app.include_router(extra)
     return app
 
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ProxyState = app.state.kvtoll
+    resources: tuple[Resource, ...] = app.state.kvtoll_resources
+    async with contextlib.AsyncExitStack() as stack:
+        for resource in resources:
+            await resource.start()
+            stack.push_async_callback(resource.aclose)
+        await stack.enter_async_context(_running(state))
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _running(state: ProxyState) -> AsyncIterator[None]:
     await state.meter.replay()  # usage a previous process left in the outbox
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(state.meter.run_replayer(state.config.outbox_replay_interval_s)),

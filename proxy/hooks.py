@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from billing.models import TenantId
-from proxy.upstream.base import Upstream, UpstreamRequest
+from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,13 @@ class RouterHook(Protocol):
         and moves on only while nothing has reached the client."""
         ...
 
-    async def release(self, upstream: Upstream, request: UpstreamRequest) -> None:
-        """``request`` finished on ``upstream`` (success, error or abort)."""
+    async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
+        """``upstream`` produced its first item for ``request`` (its prefill is done)."""
+        ...
+
+    async def release(
+        self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
+    ) -> None:
+        """``request`` finished on ``upstream`` (success, error or abort); ``usage`` is the
+        upstream's report when it sent one."""
         ...

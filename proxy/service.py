@@ -174,7 +174,7 @@ class Gateway:
 
     async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
         candidates = self._pool.candidates()
-        if self._router is not None and len(candidates) > 1:
+        if self._router is not None:
             return await self._router.rank(candidates, request)
         return candidates
 
@@ -197,6 +197,8 @@ class Gateway:
                 if not isinstance(exc, TimeoutError):
                     self._pool.mark(upstream, False)
                 continue
+            if self._router is not None:
+                await self._router.started(upstream, request)
             return upstream, self._timed(first, stream)
         raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
 
@@ -249,7 +251,9 @@ class Gateway:
         await self._meter.record(entry)
         self._observe(flight, status, entry, prompt, cached, completion)
         if self._router is not None and flight.upstream and flight.upstream_request:
-            await self._router.release(flight.upstream, flight.upstream_request)
+            await self._router.release(
+                flight.upstream, flight.upstream_request, flight.tally.usage
+            )
         if status is RequestStatus.OK and flight.served_by is ServedBy.ENGINE:
             self._maybe_store(flight)
 
