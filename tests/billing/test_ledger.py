@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 import threading
 import uuid
 from dataclasses import replace
@@ -197,3 +198,30 @@ def test_portable_fallback_path_also_ignores_duplicates(postgres_url: str) -> No
         assert _rows(factory) == 1
     finally:
         engine.dispose()
+
+
+def test_sql_sums_of_large_amounts_are_exact(factory: Factory) -> None:
+    """Totals past 2**53 picodollars: a float anywhere on the way would lose cents."""
+    generator = random.Random(7)
+    with factory.begin() as session:
+        tenant_id = TenantId(accounts.create_tenant(session, "big").id)
+        pricing.set_price(session, "huge", "9999.999999", "4999.999999", "9999.999997", "0.333333",
+                          effective_from=T0)
+        price = pricing.price_in_force(session, "huge", T0)
+    assert price is not None
+    entries = []
+    for _ in range(30):
+        prompt = generator.randint(1_000_000, 2_000_000)
+        entries.append(_entry(
+            tenant_id, None, model="huge", prompt_tokens=prompt,
+            cached_tokens=generator.randint(0, prompt), completion_tokens=generator.randint(0, 9),
+            served_by=generator.choice(list(ServedBy)),
+        ))
+    assert write_usage_many(factory, entries) == len(entries)
+    expected = [rate(e.usage, price) for e in entries]
+    with factory() as session:
+        billed, listed = session.execute(
+            select(func.sum(UsageRecord.billed_pico), func.sum(UsageRecord.list_pico))
+        ).one()
+    assert int(billed) == sum(c.billed_pico for c in expected) > 2**53
+    assert int(listed) == sum(c.list_pico for c in expected)
