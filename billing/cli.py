@@ -156,28 +156,7 @@ def _run_migration(step: Callable[[str, str], None], revision: str) -> None:
         fail(f"database error: {_first_line(exc)}")
 
 
-def _tenant_group() -> typer.Typer:
-    group = typer.Typer(help="Tenants.", no_args_is_help=True)
-
-    @group.command("create")
-    def create(name: str = typer.Argument(..., help="Tenant name (A-Za-z0-9._-).")) -> None:
-        """Create a tenant."""
-        with _transaction() as session:
-            tenant = accounts.create_tenant(session, name)
-            typer.echo(f"tenant {tenant.name} created (id {tenant.id})")
-
-    @group.command("list")
-    def list_() -> None:
-        """List tenants and their cache policy."""
-        with _transaction() as session:
-            rows = [
-                (t.id, t.name, _iso(t.created_at), t.semantic_threshold,
-                 t.semantic_allow_sampled, t.kv_reserved_blocks)
-                for t in accounts.list_tenants(session)
-            ]
-        header = ("id", "name", "created_at", "semantic_threshold", "allow_sampled", "kv_reserved")
-        _print_rows(header, rows)
-
+def _add_policy_command(group: typer.Typer) -> None:
     @group.command("policy")
     def policy(
         name: str = typer.Argument(..., help="Tenant name."),
@@ -209,6 +188,30 @@ def _tenant_group() -> typer.Typer:
             )
             typer.echo(f"tenant {name} policy updated")
 
+
+def _tenant_group() -> typer.Typer:
+    group = typer.Typer(help="Tenants.", no_args_is_help=True)
+
+    @group.command("create")
+    def create(name: str = typer.Argument(..., help="Tenant name (A-Za-z0-9._-).")) -> None:
+        """Create a tenant."""
+        with _transaction() as session:
+            tenant = accounts.create_tenant(session, name)
+            typer.echo(f"tenant {tenant.name} created (id {tenant.id})")
+
+    @group.command("list")
+    def list_() -> None:
+        """List tenants and their cache policy."""
+        with _transaction() as session:
+            rows = [
+                (t.id, t.name, _iso(t.created_at), t.semantic_threshold,
+                 t.semantic_allow_sampled, t.kv_reserved_blocks)
+                for t in accounts.list_tenants(session)
+            ]
+        header = ("id", "name", "created_at", "semantic_threshold", "allow_sampled", "kv_reserved")
+        _print_rows(header, rows)
+
+    _add_policy_command(group)
     return group
 
 
