@@ -68,9 +68,13 @@ def _seed_accounts(factory: sessionmaker[Session], tenants: int) -> tuple[list, 
 
 
 def _rows(layout: list, count: int, rng: random.Random) -> Iterator[tuple[Any, ...]]:
-    """Half the rows belong to tenant 0 (the busiest); the rest spread evenly."""
+    """Half the rows belong to tenant 0 (the busiest); the rest spread evenly.
+
+    Rows come in arrival order, as the proxy appends them to the ledger.
+    """
     span = DAYS * 86400
-    for _ in range(count):
+    offsets = sorted(rng.randrange(span) for _ in range(count))
+    for offset in offsets:
         tenant_id, key_ids = layout[0] if rng.random() < 0.5 else rng.choice(layout)
         prompt = rng.randint(1, 4000)
         semantic = rng.random() < 0.2
@@ -78,7 +82,7 @@ def _rows(layout: list, count: int, rng: random.Random) -> Iterator[tuple[Any, .
         completion = rng.randint(0, 600)
         listed = prompt * 10**6 + completion * 4 * 10**6
         billed = listed // 10 if semantic else listed - cached * 5 * 10**5
-        created = START + timedelta(seconds=rng.randrange(span))
+        created = START + timedelta(seconds=offset)
         yield (
             str(uuid.uuid4()), tenant_id, rng.choice(key_ids), rng.choice(MODELS),
             "semantic" if semantic else "engine", "ok", prompt, cached, completion,
