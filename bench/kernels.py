@@ -188,6 +188,40 @@ def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dic
             "max_abs_err_vs_sdpa": max_err, **rows}  # fmt: skip
 
 
+def bench_rope_write(cfg: BenchConfig, num_tokens: int) -> dict[str, Any]:
+    """Fused RoPE + KV write vs rotating q and k in torch, then the plain KV-write kernel."""
+    from engine.kernels.kv_write import write_kv
+    from engine.kernels.rope_kv_write import rope_write_kv
+
+    x = make_inputs(cfg, 1, 0, num_tokens, seed=1)
+    k = x.q[:, : cfg.num_kv_heads].contiguous()
+    v = k.clone()
+    positions = torch.arange(num_tokens, device=cfg.device)
+    slots = x.block_tables[0].long().repeat_interleave(cfg.block_size)[:num_tokens] * cfg.block_size
+    slots += positions % cfg.block_size
+    inv = 1e4 ** (-torch.arange(0, cfg.head_dim, 2, device=cfg.device).float() / cfg.head_dim)
+    freqs = positions.float()[:, None] * inv[None, :]
+    cos = torch.cat((freqs, freqs), -1).cos().to(cfg.dtype)
+    sin = torch.cat((freqs, freqs), -1).sin().to(cfg.dtype)
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        half = t.shape[-1] // 2
+        turned = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+        return t * cos[positions].unsqueeze(1) + turned * sin[positions].unsqueeze(1)
+
+    def unfused() -> object:
+        q_rot = rotate(x.q)
+        write_kv(rotate(k), v, x.k_cache, x.v_cache, slots)
+        return q_rot
+
+    def fused() -> object:
+        return rope_write_kv(x.q, k, v, x.k_cache, x.v_cache, slots, positions, cos, sin)
+
+    rows = _peer_rows({"fused_triton": lambda: fused, "torch_rope_then_write": lambda: unfused},
+                      cfg)  # fmt: skip
+    return {"num_tokens": num_tokens, **rows}
+
+
 def bench_engine(backend: str, args: argparse.Namespace, cfg: BenchConfig) -> dict[str, Any]:
     """nano-vllm's recipe: random prompts and output lengths, ignore_eos, temperature 0.6."""
     from engine.api import GenerationRequest, SamplingParams
@@ -264,7 +298,7 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     args.engine_requests, args.min_len, args.max_len = 3, 4, 12
     args.kv_cache_gib, args.max_num_batched_tokens = 1, 64
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
-    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)]}
+    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5]}
     return cfg, plan
 
 
@@ -275,7 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         cfg = BenchConfig(32, 8, 128, args.block_size, torch.bfloat16, "cuda", smoke=False)
         plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
-                "prefill": list(PREFILL_CASES)}  # fmt: skip
+                "prefill": list(PREFILL_CASES), "rope": [1, 64, 4096]}  # fmt: skip
         peak = peak_gbps(args.peak_gbps)
     device = "cpu (Triton interpreter)" if cfg.smoke else torch.cuda.get_device_name(0)
     shape = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
@@ -295,6 +329,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for num_seqs, prefix, new in plan["prefill"]:
             log(f"prefill seqs={num_seqs} prefix={prefix} new={new}")
             result["prefill"].append(bench_prefill(cfg, num_seqs, prefix, new))
+    if not args.skip_prefill:
+        log("fused rope + kv write")
+        result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
     if not args.skip_engine:
         result["engine"] = []
         for backend in ("triton", "torch"):

@@ -87,3 +87,16 @@ def reference_paged_decode(
     return reference_paged_attention(
         q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale
     )
+
+
+def reference_rope(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Rotate each pair (x[i], x[i + D/2]) of ``x`` [T, heads, D] by angle(pos, i), float64."""
+    half = x.shape[-1] // 2
+    x64 = x.double()
+    c = cos[positions.long(), :half].double().unsqueeze(1)  # [T, 1, D/2]
+    s = sin[positions.long(), :half].double().unsqueeze(1)
+    first, second = x64[..., :half], x64[..., half:]
+    rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
+    return rotated.to(x.dtype)
