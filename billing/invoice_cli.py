@@ -14,8 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from billing import migrate
 from billing.accounts import require_tenant
 from billing.db import make_engine, session_factory
 from billing.errors import BillingError
@@ -26,12 +30,29 @@ from proxy.cli.errors import fail
 from proxy.settings import load_settings
 
 
+def _check_schema(url: str) -> None:
+    parsed = make_url(url)
+    file = parsed.database or ""
+    if parsed.get_backend_name() == "sqlite" and file != ":memory:" and not Path(file).exists():
+        fail("database does not exist yet: run `kvtoll db upgrade` first")
+    if not migrate.is_up_to_date(url):
+        fail("database schema is not up to date: run `kvtoll db upgrade` first")
+
+
 @contextmanager
 def _session() -> Iterator[Session]:
-    engine = make_engine(load_settings().database_url)
+    """A session on the configured database; database errors become one line, exit 2."""
+    url = load_settings().database_url
+    try:
+        _check_schema(url)
+        engine = make_engine(url)
+    except SQLAlchemyError as exc:
+        fail(f"database error: {str(getattr(exc, 'orig', None) or exc).splitlines()[0]}")
     try:
         with session_factory(engine)() as session:
             yield session
+    except SQLAlchemyError as exc:
+        fail(f"database error: {str(getattr(exc, 'orig', None) or exc).splitlines()[0]}")
     finally:
         engine.dispose()
 
@@ -72,7 +93,7 @@ def list_command(
     try:
         with _session() as session:
             tenant_id = require_tenant(session, tenant).id if tenant is not None else None
-            names = {t.id: t.name for t in session.query(Tenant).all()}
+            names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
             for invoice in list_invoices(session, tenant_id):
                 typer.echo(_describe(invoice, names.get(invoice.tenant_id, "?")))
     except BillingError as exc:

@@ -182,3 +182,12 @@ def test_cli_generate_export_and_one_line_errors(
         assert len(result.output.strip().splitlines()) == 1
         assert result.output.startswith("error: ")
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_refuses_a_database_that_is_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVTOLL_DATABASE_URL", f"sqlite:///{tmp_path / 'missing.db'}")
+    result = CliRunner().invoke(_cli(), ["invoice", "generate", "--period", "2026-01"])
+    assert result.exit_code == 2 and "kvtoll db upgrade" in result.output
+    assert not (tmp_path / "missing.db").exists()
