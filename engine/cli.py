@@ -9,6 +9,7 @@ before anything is loaded.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import socket
@@ -20,6 +21,7 @@ import typer
 from engine.config import TINY_MODEL, EngineConfig
 from engine.serving.app import WorkerConfig
 from engine.serving.errors import DEFAULT_MAX_BODY_BYTES
+from engine.serving.registration import Registration
 from proxy.cli.errors import fail
 from proxy.settings import load_settings
 
@@ -84,13 +86,15 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _serve(
-    config: EngineConfig, worker: WorkerConfig, host: str, port: int, log_level: str
+    config: EngineConfig,
+    worker: WorkerConfig,
+    host: str,
+    port: int,
+    log_level: str,
+    registration: Registration | None,
 ) -> None:
-    import uvicorn
-
     from engine.factory import build_engine
-    from engine.serving.app import build_worker_app
-    from engine.serving.server import uvicorn_config
+    from engine.serving.server import serve_worker
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -98,11 +102,34 @@ def _serve(
     except (OSError, ValueError) as exc:
         fail(f"cannot load the model: {exc}")
     try:
-        app = build_worker_app(engine, worker)
         typer.echo(f"kvtoll worker: {engine.model_name} on http://{host}:{port}", err=True)
-        uvicorn.Server(uvicorn_config(app, host, port, log_level)).run()
+        asyncio.run(serve_worker(engine, worker, host, port, log_level, registration))
     finally:
         engine.shutdown()
+
+
+def registration_for(
+    redis_url: str | None,
+    advertise_url: str | None,
+    host: str,
+    port: int,
+    ttl_s: float,
+    kv_events: str,
+) -> Registration | None:
+    """The Redis registration, or ``None`` without a Redis URL; ``ValueError`` if bad."""
+    if not redis_url:
+        return None
+    if kv_events not in ("redis", "http"):
+        raise ValueError(f"--kv-events must be redis or http, got {kv_events!r}")
+    if ttl_s <= 0:
+        raise ValueError(f"--heartbeat-ttl must be positive, got {ttl_s}")
+    if advertise_url is None:
+        if host in ("0.0.0.0", "::", ""):
+            raise ValueError("--advertise-url is required when listening on all interfaces")
+        advertise_url = f"http://{host}:{port}"
+    if not advertise_url.startswith(("http://", "https://")):
+        raise ValueError(f"--advertise-url must be an http(s) URL, got {advertise_url!r}")
+    return Registration(redis_url, advertise_url, ttl_s, kv_events)  # type: ignore[arg-type]
 
 
 def register(app: typer.Typer) -> None:
@@ -139,6 +166,19 @@ def register(app: typer.Typer) -> None:
         max_body_mb: Annotated[float, typer.Option(help="Largest request body in MiB")] = (
             DEFAULT_MAX_BODY_BYTES / _MIB
         ),
+        redis_url: Annotated[
+            str | None,
+            typer.Option(help="Announce this worker in Redis (default: KVTOLL_REDIS_URL)"),
+        ] = None,
+        advertise_url: Annotated[
+            str | None, typer.Option(help="URL proxies use to reach this worker")
+        ] = None,
+        heartbeat_ttl: Annotated[
+            float, typer.Option(help="Seconds a Redis announcement lives without a beat")
+        ] = 10.0,
+        kv_events: Annotated[
+            str, typer.Option(help="How the router gets KV events with Redis: redis or http")
+        ] = "redis",
     ) -> None:
         """Run an engine worker speaking the OpenAI API plus /kv/events and /load."""
         settings = load_settings()
@@ -158,8 +198,11 @@ def register(app: typer.Typer) -> None:
             if max_body_mb <= 0:
                 raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")
             check_port_free(host, port)
+            registration = registration_for(
+                redis_url or settings.redis_url, advertise_url, host, port, heartbeat_ttl, kv_events
+            )
         except ValueError as exc:
             fail(str(exc))
         names = tuple(served_model_name or ())
         worker_config = WorkerConfig(names, int(max_body_mb * _MIB))
-        _serve(config, worker_config, host, port, settings.log_level)
+        _serve(config, worker_config, host, port, settings.log_level, registration)

@@ -1,5 +1,6 @@
-"""Running an ASGI app under uvicorn: in the foreground (``kvtoll worker``) or on the
-current event loop in the background (tests, benchmarks, an embedded worker).
+"""Running an ASGI app under uvicorn: the worker in the foreground (``kvtoll worker``,
+:func:`serve_worker`) or any app on the current event loop in the background (tests,
+benchmarks, an embedded worker: :func:`serve_in_background`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ from collections.abc import AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI
+
+from engine.api import AsyncEngineClient
+from engine.serving.app import WorkerConfig, build_worker_app
+from engine.serving.registration import Registration, run_registration
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
@@ -45,3 +50,28 @@ async def serve_in_background(
     finally:
         server.should_exit = True
         await task
+
+
+async def serve_worker(
+    engine: AsyncEngineClient,
+    worker: WorkerConfig,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    registration: Registration | None = None,
+) -> None:
+    """Serve the worker app until a signal stops uvicorn; meanwhile announce the
+    worker and publish its KV events when ``registration`` is given."""
+    app = build_worker_app(engine, worker)
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
+    stop = asyncio.Event()
+    side: asyncio.Task[None] | None = None
+    if registration is not None:
+        instance_id = app.state.worker.instance_id
+        side = asyncio.create_task(run_registration(registration, engine, instance_id, stop))
+    try:
+        await server.serve()
+    finally:
+        stop.set()
+        if side is not None:
+            await side

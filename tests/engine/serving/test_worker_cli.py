@@ -118,3 +118,18 @@ def test_worker_process_serves_and_stops_on_sigint() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) in (0, 128 + signal.SIGINT, -signal.SIGINT)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--redis-url", "redis://x", "--host", "0.0.0.0"], "--advertise-url"),
+        (["--redis-url", "redis://x", "--kv-events", "carrier-pigeon"], "--kv-events"),
+        (["--redis-url", "redis://x", "--heartbeat-ttl", "0"], "--heartbeat-ttl"),
+        (["--redis-url", "redis://x", "--advertise-url", "10.0.0.1:80"], "--advertise-url"),
+    ],
+)
+def test_bad_registration_flags(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(_app(), ["worker", "--model", "kvtoll-tiny", "--port", "0", *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and len(result.output.strip().splitlines()) == 1
