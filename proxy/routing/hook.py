@@ -4,7 +4,7 @@
 The gateway hands the hook its healthy upstreams; the hook ranks them with the
 :class:`PrefixRouter` (upstream ``name`` = worker id) and tracks each request until
 ``release``. Upstreams the registry does not know (an in-process engine) rank with
-zero load and no cache prediction.
+zero load and no cache prediction; ones it knows to be down rank last.
 """
 
 from __future__ import annotations
@@ -34,15 +34,19 @@ def routing_key_of(request: UpstreamRequest) -> str:
 class RoutingHook:
     """``RouterHook`` over a :class:`PrefixRouter`."""
 
-    def __init__(self, router: PrefixRouter) -> None:
+    def __init__(self, router: PrefixRouter, registry: WorkerRegistry | None = None) -> None:
         self.router = router
+        self._registry = registry
 
     async def rank(
         self, candidates: Sequence[Upstream], request: UpstreamRequest
     ) -> list[Upstream]:
         """``candidates`` best first; the first choice is recorded as dispatched."""
         by_name = {u.name: u for u in candidates}
-        names = [WorkerId(u.name) for u in candidates]
+        down = self._known_down()
+        names = [WorkerId(u.name) for u in candidates if u.name not in down]
+        if not names:  # every candidate looks down to the registry: rank them anyway
+            names, down = [WorkerId(u.name) for u in candidates], set()
         key = routing_key_of(request)
         if request.prompt_token_ids is None:
             plan = self.router.plan_blocks((), 0, key, only=names)
@@ -50,11 +54,21 @@ class RoutingHook:
             plan = self.router.plan(request.prompt_token_ids, request.salt, key, only=names)
         if plan.choices:
             self.router.dispatched(request.request_id, plan, plan.choices[0].worker_id)
-        return [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
+        ranked = [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
+        return ranked + [u for u in candidates if u.name in down]  # last resort
+
+    def _known_down(self) -> set[str]:
+        if self._registry is None:
+            return set()
+        return {w.worker_id for w in self._registry.workers() if not w.healthy}
 
     async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """The upstream produced its first item (its prefill is done)."""
         self.router.first_token(request.request_id)
+
+    async def failed(self, upstream: Upstream, request: UpstreamRequest) -> None:
+        """The upstream failed before streaming: mark it down, forget the attempt."""
+        self.router.failed(request.request_id, worker_failed=True)
 
     async def release(
         self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
@@ -97,7 +111,7 @@ class RoutingStack:
             else None
         )
         self.feeds = EventFeeds(self.registry, self.router.precise, self._http, consumer)
-        self.hook = RoutingHook(self.router)
+        self.hook = RoutingHook(self.router, self.registry)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 

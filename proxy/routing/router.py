@@ -191,6 +191,11 @@ class PrefixRouter:
         if entry is not None and worker_failed:
             self._workers.report_failure(entry.worker_id)
 
+    def predicted_cached_tokens(self, request_id: str) -> int | None:
+        """What was predicted for an in-flight request on the worker it was sent to."""
+        entry = self._inflight.get(request_id)
+        return entry.predicted_cached_tokens if entry is not None else None
+
     def pending_tokens(self, worker_id: WorkerId) -> int:
         """Prompt tokens sent to ``worker_id`` that have not produced a first token."""
         return self._pending.get(worker_id, 0)
