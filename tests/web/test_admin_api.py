@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from conftest import ADMIN_TOKEN
+from tests.web.conftest import ADMIN_TOKEN
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from webseed import add_prices, add_tenant, ledger_money, random_entries, record

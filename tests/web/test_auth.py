@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ADMIN_TOKEN
+from tests.web.conftest import ADMIN_TOKEN
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from webseed import add_tenant
