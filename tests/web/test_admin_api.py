@@ -11,7 +11,7 @@ import pytest
 from tests.web.conftest import ADMIN_TOKEN
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from webseed import add_prices, add_tenant, ledger_money, random_entries, record
+from tests.web.webseed import add_prices, add_tenant, ledger_money, random_entries, record
 
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant

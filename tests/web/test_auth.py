@@ -6,7 +6,7 @@ import pytest
 from tests.web.conftest import ADMIN_TOKEN
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from webseed import add_tenant
+from tests.web.webseed import add_tenant
 
 from billing.accounts import revoke_key
 from proxy.settings import Settings, load_settings

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
-from webseed import TenantSeed, add_prices, add_tenant, ledger_money, random_entries, record
+from tests.web.webseed import TenantSeed, add_prices, add_tenant, ledger_money, random_entries, record
 
 from billing.invoice_export import exact_usd
 from billing.invoices import close_period, parse_period
@@ -149,7 +149,7 @@ def test_tenant_dashboard_shows_the_ledger_and_downloads_invoices(
     assert page.inner_text("#total-list") == exact_usd(listed)
     assert page.inner_text("#total-savings") == exact_usd(listed - billed)
     drawn = page.evaluate(
-        "['chart-requests','chart-layers','chart-spend']"
+        "['chart-requests','chart-layers','chart-hit-rates','chart-spend']"
         ".every(id => Chart.getChart(document.getElementById(id)) !== undefined)"
     )
     assert drawn is True

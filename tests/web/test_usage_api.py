@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from webseed import add_prices, add_tenant, ledger_money, random_entries, record, sent_totals
+from tests.web.webseed import add_prices, add_tenant, ledger_money, random_entries, record, sent_totals
 
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serving_fakes import REPLY, ByteTokenizer, FakeEngine
+from tests.engine.serving.serving_fakes import REPLY, ByteTokenizer, FakeEngine
 
 from engine.serving.app import WorkerConfig, build_worker_app
 

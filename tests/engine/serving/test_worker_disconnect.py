@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from serving_fakes import FakeEngine
+from tests.engine.serving.serving_fakes import FakeEngine
 
 from engine.serving.app import build_worker_app
 from engine.serving.server import serve_in_background

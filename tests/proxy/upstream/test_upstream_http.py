@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from upstream_helpers import Script, SpyEngine, chat_event, scripted_server
+from tests.proxy.upstream.upstream_helpers import Script, SpyEngine, chat_event, scripted_server
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from upstream_helpers import SpyEngine
+from tests.proxy.upstream.upstream_helpers import SpyEngine
 
 from engine.config import EngineConfig
 from engine.factory import build_engine
