@@ -26,9 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.kv_tile import load_kv_tile
 from engine.kernels.launch import (
+    KVScales,
     check_device,
-    check_dtype,
+    check_kv_cache,
     check_power_of_two,
     dot_precision,
     next_power_of_2,
@@ -50,6 +52,8 @@ def _decode_tile(  # type: ignore[no-untyped-def]  # triton-typed
     l_i,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     table_ptr,
     tile,
     end,
@@ -60,28 +64,25 @@ def _decode_tile(  # type: ignore[no-untyped-def]  # triton-typed
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    KV_INT8: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Online-softmax update of (acc, m, l) with context tokens [tile, tile+BLOCK_N) < end."""
     offs_n = tile + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     valid = offs_n < end
     block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     rows = block_ids * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head_off
-    kv_ptrs = rows[:, None] + offs_d[None, :]
-    k = tl.load(k_cache_ptr + kv_ptrs, mask=valid[:, None], other=0.0)
-    v = tl.load(v_cache_ptr + kv_ptrs, mask=valid[:, None], other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    k = load_kv_tile(k_cache_ptr, k_scale_ptr, rows, valid, HEAD_DIM, True, KV_INT8, UPCAST)
+    v = load_kv_tile(v_cache_ptr, v_scale_ptr, rows, valid, HEAD_DIM, True, KV_INT8, UPCAST)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i
 
 
@@ -90,6 +91,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_tables_ptr,
     seq_lens_ptr,
     part_out_ptr,
@@ -112,6 +115,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    KV_INT8: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -137,9 +141,9 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bts
     for tile in range(start, end, BLOCK_N):
         acc, m_i, l_i = _decode_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_ptr, tile, end,
-            kv_head * stride_ch, qk_scale, stride_cb, stride_ct,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, DOT_PRECISION,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+            tile, end, kv_head * stride_ch, qk_scale, stride_cb, stride_ct,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, KV_INT8, UPCAST, DOT_PRECISION,
         )  # fmt: skip
 
     nonempty = l_i > 0.0
@@ -204,26 +208,12 @@ def _check_decode(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    kv_scales: KVScales | None,
     block_n: int,
 ) -> None:
     check_device(_decode_split_kernel, q, k_cache, v_cache, block_tables, seq_lens)
-    check_dtype("q", q)
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match")
-    if not (k_cache.dtype == v_cache.dtype == q.dtype):
-        raise ValueError(f"dtypes q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype} must match")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous")
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    check_power_of_two("block_size", block_size, 8)
-    check_power_of_two("head_dim", head_dim, 16)
+    check_kv_cache(q, k_cache, v_cache, kv_scales)
     check_power_of_two("block_n", block_n, 16)
-    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
-        raise ValueError(
-            f"q {tuple(q.shape)}: want [S, H, {head_dim}] with H % {num_kv_heads} == 0"
-        )
-    if q.stride(2) != 1:
-        raise ValueError("q needs a unit stride in head_dim")
     num_seqs = q.shape[0]
     if seq_lens.shape != (num_seqs,) or seq_lens.dtype != torch.int32:
         raise ValueError(
@@ -252,8 +242,10 @@ def _launch_decode(
     max_seq_len: int,
     num_splits: int,
     block_n: int,
+    kv_scales: KVScales | None,
 ) -> torch.Tensor:
-    _check_decode(q, k_cache, v_cache, block_tables, seq_lens, block_n)
+    _check_decode(q, k_cache, v_cache, block_tables, seq_lens, kv_scales, block_n)
+    k_scale, v_scale = (kv_scales.k, kv_scales.v) if kv_scales else (k_cache, v_cache)
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group_size = num_heads // num_kv_heads
@@ -264,7 +256,7 @@ def _launch_decode(
     part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
     out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, part_out, part_lse,
         scale * LOG2_E, tokens_per_split,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -276,6 +268,7 @@ def _launch_decode(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
+        KV_INT8=kv_scales is not None,
         UPCAST=upcast_inputs(_decode_split_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
@@ -300,11 +293,13 @@ def paged_decode_attention(
     max_seq_len: int,
     num_splits: int | None = None,
     block_n: int = DEFAULT_BLOCK_N,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its paged context: returns [S, H, D].
 
     ``max_seq_len`` (a Python int >= every ``seq_lens``) sizes the split-K plan without a
     device sync; ``num_splits`` overrides the heuristic of :func:`choose_num_splits`.
+    With ``kv_scales`` the caches are int8 (see :mod:`engine.kernels.kv_write_int8`).
     """
     if num_splits is None:
         num_splits = choose_num_splits(q.shape[0], k_cache.shape[2], max_seq_len, block_n)
@@ -313,5 +308,6 @@ def paged_decode_attention(
     if q.shape[0] == 0:
         return torch.empty_like(q)
     return _launch_decode(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len, num_splits, block_n
-    )
+        q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len, num_splits, block_n,
+        kv_scales,
+    )  # fmt: skip

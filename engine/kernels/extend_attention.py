@@ -22,9 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.kv_tile import load_kv_tile
 from engine.kernels.launch import (
+    KVScales,
     check_device,
-    check_dtype,
+    check_kv_cache,
     check_power_of_two,
     dot_precision,
     upcast_inputs,
@@ -43,6 +45,8 @@ def _attend_tile(  # type: ignore[no-untyped-def]  # triton-typed
     l_i,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     table_ptr,
     kv_start,
     q_pos,
@@ -55,28 +59,19 @@ def _attend_tile(  # type: ignore[no-untyped-def]  # triton-typed
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    KV_INT8: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """Online-softmax update with cache positions [kv_start, kv_start + BLOCK_N)."""
     offs_n = kv_start + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    if MASKED:
-        in_ctx = offs_n < seq_len
-        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=in_ctx, other=0)
-    else:
-        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE)
+    in_ctx = offs_n < seq_len
+    table = table_ptr + offs_n // BLOCK_SIZE
+    block_ids = tl.load(table, mask=in_ctx, other=0) if MASKED else tl.load(table)
     rows = block_ids.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head_off
-    kv_ptrs = rows[:, None] + offs_d[None, :]
-    if MASKED:
-        k = tl.load(k_cache_ptr + kv_ptrs, mask=in_ctx[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_ptrs, mask=in_ctx[:, None], other=0.0)
-    else:
-        k = tl.load(k_cache_ptr + kv_ptrs)
-        v = tl.load(v_cache_ptr + kv_ptrs)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    k = load_kv_tile(k_cache_ptr, k_scale_ptr, rows, in_ctx, HEAD_DIM, MASKED, KV_INT8, UPCAST)
+    v = load_kv_tile(v_cache_ptr, v_scale_ptr, rows, in_ctx, HEAD_DIM, MASKED, KV_INT8, UPCAST)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         keep = (offs_n[None, :] <= q_pos[:, None]) & in_ctx[None, :]
         s = tl.where(keep, s, float("-inf"))
@@ -84,8 +79,8 @@ def _attend_tile(  # type: ignore[no-untyped-def]  # triton-typed
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc * alpha[:, None] + pv, m_new, l_i
 
 
 @triton.jit
@@ -93,6 +88,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     out_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
@@ -111,6 +108,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    KV_INT8: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -142,16 +140,16 @@ def _extend_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     full_end = (first_pos // BLOCK_N) * BLOCK_N
     for kv_start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_ptr, kv_start, q_pos, seq_len,
-            kv_head_off, qk_scale, stride_cb, stride_ct,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+            kv_start, q_pos, seq_len, kv_head_off, qk_scale, stride_cb, stride_ct,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, KV_INT8, UPCAST, DOT_PRECISION,
         )  # fmt: skip
     kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
     for kv_start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_ptr, kv_start, q_pos, seq_len,
-            kv_head_off, qk_scale, stride_cb, stride_ct,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+            kv_start, q_pos, seq_len, kv_head_off, qk_scale, stride_cb, stride_ct,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, KV_INT8, UPCAST, DOT_PRECISION,
         )  # fmt: skip
 
     out = acc / l_i[:, None]
@@ -166,24 +164,10 @@ def _check_extend(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
+    kv_scales: KVScales | None,
 ) -> None:
     check_device(_extend_kernel, q, k_cache, v_cache, query_start_loc, seq_lens, block_tables)
-    check_dtype("q", q)
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match")
-    if not (k_cache.dtype == v_cache.dtype == q.dtype):
-        raise ValueError(f"dtypes q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype} must match")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous")
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    check_power_of_two("block_size", block_size, 8)
-    check_power_of_two("head_dim", head_dim, 16)
-    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
-        raise ValueError(
-            f"q {tuple(q.shape)}: want [T, H, {head_dim}] with H % {num_kv_heads} == 0"
-        )
-    if q.stride(2) != 1:
-        raise ValueError("q needs a unit stride in head_dim")
+    check_kv_cache(q, k_cache, v_cache, kv_scales)
     num_seqs = seq_lens.shape[0]
     if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
         raise ValueError(f"seq_lens {tuple(seq_lens.shape)} {seq_lens.dtype}: want [S] int32")
@@ -207,8 +191,10 @@ def _launch_extend(
     max_query_len: int,
     block_m: int,
     block_n: int,
+    kv_scales: KVScales | None,
 ) -> torch.Tensor:
-    _check_extend(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables)
+    _check_extend(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, kv_scales)
+    k_scale, v_scale = (kv_scales.k, kv_scales.v) if kv_scales else (k_cache, v_cache)
     check_power_of_two("block_m", block_m, 16)
     check_power_of_two("block_n", block_n, 16)
     _, num_heads, head_dim = q.shape
@@ -219,7 +205,7 @@ def _launch_extend(
         return out
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
     _extend_kernel[grid](
-        q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
+        q, k_cache, v_cache, k_scale, v_scale, out, query_start_loc, seq_lens, block_tables,
         scale * LOG2_E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -229,6 +215,7 @@ def _launch_extend(
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        KV_INT8=kv_scales is not None,
         UPCAST=upcast_inputs(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
@@ -246,13 +233,14 @@ def extend_attention(
     max_query_len: int,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens ``q`` ([T, H, D]) over their paged context.
 
     ``max_query_len`` (a Python int >= every query length) sizes the grid without a
-    device sync. Returns [T, H, D] in ``q``'s dtype.
+    device sync. With ``kv_scales`` the caches are int8. Returns [T, H, D] in q's dtype.
     """
     return _launch_extend(
         q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-        max_query_len, block_m, block_n,
+        max_query_len, block_m, block_n, kv_scales,
     )  # fmt: skip

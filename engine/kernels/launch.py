@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
@@ -54,3 +56,45 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 def next_power_of_2(value: int) -> int:
     return int(triton.next_power_of_2(value))
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """float32 dequantization scales of an int8 cache pair: [num_blocks, block_size, Hkv]
+    (one per token slot and KV head), so ``x = int8 * scale``."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def check_kv_cache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scales: KVScales | None
+) -> None:
+    """The pool layout of engine.attention.base, in q's dtype or int8 with scales."""
+    check_dtype("q", q)
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    if scales is None and not (k_cache.dtype == v_cache.dtype == q.dtype):
+        raise ValueError(f"dtypes q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype} must match")
+    if scales is not None:
+        check_int8_scales(k_cache, v_cache, scales)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    check_power_of_two("block_size", block_size, 8)
+    check_power_of_two("head_dim", head_dim, 16)
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
+        raise ValueError(
+            f"q {tuple(q.shape)}: want [T, H, {head_dim}] with H % {num_kv_heads} == 0"
+        )
+    if q.stride(2) != 1:
+        raise ValueError("q needs a unit stride in head_dim")
+
+
+def check_int8_scales(k_cache: torch.Tensor, v_cache: torch.Tensor, scales: KVScales) -> None:
+    if not (k_cache.dtype == v_cache.dtype == torch.int8):
+        raise ValueError(f"scaled caches must be int8, got {k_cache.dtype} / {v_cache.dtype}")
+    for name, t in (("k", scales.k), ("v", scales.v)):
+        if t.shape != k_cache.shape[:3] or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} scales {tuple(t.shape)} {t.dtype}: want contiguous float32 "
+                             f"{tuple(k_cache.shape[:3])}")

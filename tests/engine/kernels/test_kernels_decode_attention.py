@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_batches import TOLERANCES, build_paged_batch
 
 from engine.kernels.decode_attention import choose_num_splits, paged_decode_attention
 from engine.kernels.reference import reference_paged_decode
+from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_batches import TOLERANCES
 
 from engine.kernels.reference import reference_rope, reference_write_kv
 from engine.kernels.rope_kv_write import rope_write_kv
+from tests.engine.kernels.kernel_batches import TOLERANCES
 
 
 def _tables(max_pos: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

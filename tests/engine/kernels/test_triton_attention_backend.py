@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_batches import TOLERANCES, PagedBatch, build_paged_batch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend
+from tests.engine.kernels.kernel_batches import TOLERANCES, PagedBatch, build_paged_batch
 
 
 def _metadata(batch: PagedBatch) -> AttentionMetadata:
