@@ -27,7 +27,9 @@ token"):
 ``prefill_weight`` > 1 values a cache hit above the equal amount of queued work: a
 hit also spares cache space on the other workers (no duplicate copy) and keeps the
 prefix warm for the conversation's next turn. The defaults were tuned on the
-Mooncake conversation trace (``kvtoll bench routing``; figures in bench/README).
+Mooncake conversation trace with ``kvtoll bench routing`` / bench/routing_policies.py
+(4 workers × 3,072,000 tokens: hit rate rises with ``prefill_weight`` up to about 8
+and flattens after; mean TTFT is best near 8).
 """
 
 from __future__ import annotations

@@ -126,3 +126,52 @@ def test_a_server_without_load_is_healthy_in_approximate_mode_and_failures_evict
             assert info is not None and info.healthy and info.incarnation == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_worker_found_through_redis_streams_its_events_to_the_router(
+    redis_url: str, redis_prefix: str
+) -> None:
+    from engine.api import KVEvent, KVEventKind
+    from engine.kv.hashing import BlockHash
+    from proxy.routing.events import EventFeeds, RedisEventConsumer
+    from proxy.routing.index import PreciseIndex
+    from proxy.routing.worker_side import run_worker_presence
+
+    log = [KVEvent(i, KVEventKind.STORED, (BlockHash(bytes([i]) * 16),)) for i in range(3)]
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            stop = asyncio.Event()
+            worker = asyncio.create_task(
+                run_worker_presence(
+                    redis,
+                    "http://w9:8001",
+                    lambda c, n: log[c : c + n],
+                    "inst-9",
+                    stop,
+                    ttl_s=2.0,
+                    prefix=redis_prefix,
+                    name="w9",
+                )
+            )
+            async with httpx.AsyncClient(transport=_worker_transport()) as http:
+                config = RegistryConfig(redis_prefix=redis_prefix)
+                registry = WorkerRegistry(config, redis=redis, http=http)
+                index = PreciseIndex()
+                consumer = RedisEventConsumer(redis, index, prefix=redis_prefix)
+                feeds = EventFeeds(registry, index, http, consumer)
+                while index.num_blocks(WorkerId("w9")) < 3:
+                    await registry.refresh()
+                    await feeds.poll_once(block_ms=100)
+                assert registry.get(WorkerId("w9")).kv_events == "redis"  # type: ignore[union-attr]
+                stop.set()
+                await worker
+                await registry.refresh()  # withdrawn on stop: gone, and so is its index
+                await feeds.poll_once()
+                assert registry.workers() == [] and index.num_blocks(WorkerId("w9")) == 0
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
