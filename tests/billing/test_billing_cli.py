@@ -9,7 +9,6 @@ from typer.testing import CliRunner, Result
 
 from billing import keys
 from billing.cli import register
-from billing.migrate import upgrade
 
 
 def _app() -> typer.Typer:
@@ -154,10 +153,11 @@ def test_price_bad_input(
     _assert_refused(cli, sqlite_url, "price", "set", "smol", *args, match=match)
 
 
-def test_cli_on_postgres(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVTOLL_DATABASE_URL", postgres_url)
+@pytest.mark.parametrize("migrated_url", ["postgres"], indirect=True)
+def test_cli_on_postgres(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOLL_DATABASE_URL", migrated_url)
     runner = CliRunner()
-    upgrade(postgres_url)
+    assert "database at 0001" in _ok(runner, "db", "upgrade").stdout
     _ok(runner, "tenant", "create", "acme")
     result = _run(runner, "tenant", "create", "acme")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -36,8 +35,9 @@ def test_in_memory_sqlite_is_one_database_for_every_session() -> None:
         engine.dispose()
 
 
-def test_postgres_engine_pings_before_use(postgres_url: str) -> None:
-    engine = make_engine(postgres_url)
+@pytest.mark.parametrize("migrated_url", ["postgres"], indirect=True)
+def test_postgres_engine_pings_before_use(migrated_url: str) -> None:
+    engine = make_engine(migrated_url)
     try:
         assert engine.pool._pre_ping
         with engine.connect() as conn:
@@ -46,17 +46,10 @@ def test_postgres_engine_pings_before_use(postgres_url: str) -> None:
         engine.dispose()
 
 
-@pytest.fixture
-def schema_factory(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url)
-    Base.metadata.create_all(engine)
-    yield session_factory(engine)
-    engine.dispose()
-
-
 def test_times_come_back_aware_utc_and_naive_times_are_refused(
-    schema_factory: sessionmaker[Session],
+    factory: sessionmaker[Session],
 ) -> None:
+    schema_factory = factory
     moment = datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=timezone(timedelta(hours=-5)))
     with schema_factory.begin() as session:
         session.add(Tenant(name="acme", created_at=moment))

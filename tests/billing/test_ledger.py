@@ -177,27 +177,20 @@ def test_concurrent_writers_record_each_request_once(factory: Factory) -> None:
     assert _rows(factory) == len(entries)
 
 
-def test_portable_fallback_path_also_ignores_duplicates(postgres_url: str) -> None:
+@pytest.mark.parametrize("migrated_url", ["postgres"], indirect=True)
+def test_portable_fallback_path_also_ignores_duplicates(factory: Factory) -> None:
     """The savepoint path used for dialects without ON CONFLICT, exercised on PostgreSQL."""
-    from billing.db import make_engine, session_factory
     from billing.ledger import _insert_generic, _row_values
-    from billing.migrate import upgrade
 
-    upgrade(postgres_url)
-    engine = make_engine(postgres_url)
-    factory = session_factory(engine)
-    try:
-        tenant_id, key_id = _setup(factory)
-        entry = _entry(tenant_id, key_id)
-        with factory.begin() as session:
-            values = _row_values(session, entry)
-            assert _insert_generic(session, values) is True
-            assert _insert_generic(session, dict(values)) is False
-        with pytest.raises(IntegrityError), factory.begin() as session:
-            _insert_generic(session, _row_values(session, _entry(TenantId(424242), None)))
-        assert _rows(factory) == 1
-    finally:
-        engine.dispose()
+    tenant_id, key_id = _setup(factory)
+    entry = _entry(tenant_id, key_id)
+    with factory.begin() as session:
+        values = _row_values(session, entry)
+        assert _insert_generic(session, values) is True
+        assert _insert_generic(session, dict(values)) is False
+    with pytest.raises(IntegrityError), factory.begin() as session:
+        _insert_generic(session, _row_values(session, _entry(TenantId(424242), None)))
+    assert _rows(factory) == 1
 
 
 def test_sql_sums_of_large_amounts_are_exact(factory: Factory) -> None:
