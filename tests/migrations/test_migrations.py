@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import multiprocessing
 from multiprocessing.synchronize import Event
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -97,3 +98,23 @@ def test_concurrent_upgrades_on_postgres_serialise(postgres_url: str) -> None:
         replica.join(120)
     assert [replica.exitcode for replica in replicas] == [0, 0, 0]
     assert _tables(postgres_url) == TABLES and is_up_to_date(postgres_url)
+
+
+def test_autogenerate_finds_nothing_new_and_the_template_renders(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    upgrade(sqlite_url)
+    config = alembic_config(sqlite_url)
+    config.set_main_option(
+        "version_locations", f"{script_location() / 'versions'} {tmp_path}"
+    )
+    script = command.revision(
+        config, message="probe", autogenerate=True, rev_id="probe", version_path=str(tmp_path)
+    )
+    assert script is not None and not isinstance(script, list)
+    source = Path(script.path).read_text()
+    compile(source, script.path, "exec")
+    assert "down_revision: str | None = '0001'" in source
+    upgrade_body = source.split("def upgrade() -> None:")[1].split("def downgrade")[0]
+    statements = [line.strip() for line in upgrade_body.splitlines() if line.strip()]
+    assert [line for line in statements if not line.startswith("#")] == ["pass"]
