@@ -100,3 +100,17 @@ def reference_rope(
     first, second = x64[..., :half], x64[..., half:]
     rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
     return rotated.to(x.dtype)
+
+
+def reference_quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (last dim) symmetric int8: values in [-127, 127] and float32 scales."""
+    x32 = x.float()
+    scale = (x32.abs().amax(dim=-1) / 127.0).clamp_min(1e-8)
+    y = x32 / scale.unsqueeze(-1)
+    rounded = torch.sign(y) * torch.floor(y.abs() + 0.5)  # half away from zero
+    return rounded.clamp(-127, 127).to(torch.int8), scale
+
+
+def reference_dequantize_int8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 ``values * scales`` with one scale per last-dim row."""
+    return values.float() * scales.unsqueeze(-1)
