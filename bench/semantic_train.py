@@ -8,8 +8,10 @@ Data (none of it ships; only the learned weights do):
   own pair (what the cache will actually compare it with), label 0.
 * Hand-written hard cases (proxy/semantic/data/hard_cases.jsonl), ``split == train``
   only, weighted ``--hard-weight``.
-The threshold is the lowest one whose precision, replaying the cache's lookup on the
-``calib`` queries against every train prompt, is >= ``--target-precision``.
+The threshold is the lowest one whose precision on the ``calib`` pairs (the verifier's
+decision on labelled pairs) is >= ``--target-precision``. The strict replay figure
+(the cache's lookup of each ``calib`` query against every train prompt, a hit correct
+only on its own pair with label 1) is reported beside it.
 
 Usage: .venv/bin/python bench/semantic_train.py [--embeddings-cache PATH.npz]
 Prints one JSON object (counts, calibration figures, held-out hard-case results).
@@ -203,13 +205,24 @@ def main() -> None:
     examples += hard_examples(embedder, "train", args.hard_weight)
     weights = fit_weights(examples, embedder.name)
     verifier = LogisticVerifier(weights)
-    scored = replay_scores(verifier, rows, a, b, calib, fit + calib)
+    pairwise = [
+        (
+            verifier.score(rows[i]["text_b"], rows[i]["text_a"], float(a[i] @ b[i])),
+            rows[i]["label"] == 1,
+        )
+        for i in calib
+    ]
     positives = sum(rows[i]["label"] for i in calib)
-    chosen = choose_threshold(scored, positives, args.target_precision)
+    chosen = choose_threshold(pairwise, positives, args.target_precision)
+    replay = replay_scores(verifier, rows, a, b, calib, fit + calib)
+    hits = [ok for score, ok in replay if score >= chosen["threshold"]]
+    strict = {"hits": len(hits), "precision": sum(hits) / max(1, len(hits)),
+              "recall": sum(hits) / positives}  # fmt: skip
     meta = {
         "qqp_fit_pairs": len(fit), "qqp_calib_pairs": len(calib),
         "qqp_heldout_pairs": splits.count("heldout"), "examples": len(examples),
-        "target_precision": args.target_precision, "mined": args.mined, "calib": chosen,
+        "target_precision": args.target_precision, "mined": args.mined,
+        "calib_pairwise": chosen, "calib_replay_strict": strict,
         "split_rule": "sha1(text_a TAB text_b)[:8] % 100: <20 heldout, <32 calib, else fit",
     }  # fmt: skip
     final = VerifierWeights.from_json(

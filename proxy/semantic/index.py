@@ -83,8 +83,9 @@ class FaissIndex:
             self.remove(replaced)
         for item_id, row in zip(ids.tolist(), vectors, strict=True):
             self._vectors[item_id] = row.copy()
-        if not self._hnsw and len(self._vectors) > self._config.hnsw_threshold:
-            self._rebuild()
+        revived = self._hnsw and any(i in self._tombstones for i in ids.tolist())
+        if revived or (not self._hnsw and len(self._vectors) > self._config.hnsw_threshold):
+            self._rebuild()  # HNSW cannot hold a tombstoned id twice: rebuild instead
         else:
             self._index.add_with_ids(vectors, ids)
 

@@ -3,7 +3,7 @@
 Layout (``p`` = key prefix, ``t`` = tenant id):
 
 * ``p e:t:<id>``   hash: prompt, partition, answer (JSON), vec (float32 bytes), created,
-                   expires, last_hit, hits; PEXPIREAT at its TTL as a backstop
+                   expires, last_hit, hits; PEXPIRE a minute past its TTL as a backstop
 * ``p lru:t``      sorted set id -> last hit (or creation): LRU eviction order
 * ``p exp:t``      sorted set id -> expiry: the TTL sweep
 * ``p tenants``    set of tenant ids with entries
@@ -99,7 +99,8 @@ class RedisStore:
                 "answer": json.dumps(entry.answer), "created": entry.created_at,
                 "expires": entry.expires_at, "last_hit": entry.last_hit_at, "hits": entry.hit_count,
             })  # fmt: skip
-            pipe.pexpireat(key, int(entry.expires_at * 1000))
+            ttl_ms = int((entry.expires_at - self._clock()) * 1000) + 60_000  # backstop only
+            pipe.pexpire(key, max(1, ttl_ms))
             pipe.zadd(f"{self._p}lru:{t}", {entry.entry_id: entry.last_hit_at})
             pipe.zadd(f"{self._p}exp:{t}", {entry.entry_id: entry.expires_at})
             pipe.sadd(f"{self._p}tenants", t)
@@ -151,7 +152,8 @@ class RedisStore:
         return CacheEntry(
             entry_id=EntryId(entry_id), tenant_id=tenant_id,
             partition=PartitionKey(raw[b"partition"].decode()), prompt=raw[b"prompt"].decode(),
-            answer=json.loads(raw[b"answer"]), vector=np.frombuffer(raw[b"vec"], dtype=np.float32).copy(),
+            answer=json.loads(raw[b"answer"]),
+            vector=np.frombuffer(raw[b"vec"], dtype=np.float32).copy(),
             created_at=float(raw[b"created"]), expires_at=expires,
             last_hit_at=float(raw[b"last_hit"]), hit_count=int(raw[b"hits"]),
         )  # fmt: skip
@@ -220,7 +222,9 @@ class RedisStore:
         last = await self._redis.xrevrange(f"{self._p}feed", count=1)
         return last[0][0].decode() if last else "0-0"
 
-    async def changes(self, cursor: str | None, block_ms: int) -> tuple[str | None, list[ChangeEvent]]:
+    async def changes(
+        self, cursor: str | None, block_ms: int
+    ) -> tuple[str | None, list[ChangeEvent]]:
         async def run() -> tuple[str | None, list[ChangeEvent]]:
             start = cursor or await self._last_feed_id()
             block = block_ms if block_ms > 0 else None

@@ -24,7 +24,9 @@ TenantIdOf = Callable[[Any], "str | int"]
 ResolveTenant = Callable[[str], "Awaitable[str | int | None] | str | int | None"]
 
 
-def openai_error(status: int, message: str, *, type_: str, code: str, param: str | None = None) -> JSONResponse:
+def openai_error(
+    status: int, message: str, *, type_: str, code: str, param: str | None = None
+) -> JSONResponse:
     """A JSON error in OpenAI's shape."""
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(status_code=status, content=body)
@@ -34,7 +36,8 @@ def _default_tenant_id(identity: Any) -> str | int:
     """``identity.tenant_id`` (e.g. billing's KeyIdentity), or the value itself."""
     if isinstance(identity, str | int):
         return identity
-    return identity.tenant_id  # type: ignore[no-any-return]
+    tenant_id: str | int = identity.tenant_id
+    return tenant_id
 
 
 def _unavailable() -> JSONResponse:

@@ -9,7 +9,8 @@ training split of the QQP pairs plus the training half of the hand-written hard
 cases in ``data/hard_cases.jsonl``; no training data ships). A candidate is served
 only if ``score >= threshold``; the default threshold in the weights file was chosen
 for precision >= 0.95 and a tenant may override it (``Tenant.semantic_threshold``).
-Candidates below ``min_similarity`` are rejected without scoring.
+Candidates below ``min_similarity`` are rejected without scoring; a prompt with the
+same words as the query (case and punctuation aside) scores 1 (an exact repeat).
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ class LogisticVerifier:
 
     def score(self, query: str, prompt: str, similarity: float) -> float:
         """Probability that ``prompt``'s answer is a correct answer to ``query``."""
-        x = np.asarray(self.feature_vector(query, prompt, similarity), dtype=np.float64)
+        parsed_query, parsed_prompt = self.parse(query), self.parse(prompt)
+        if parsed_query.lower == parsed_prompt.lower and parsed_query.lower:
+            return 1.0  # the same words (case and punctuation aside): an exact repeat
+        raw = features(similarity, parsed_query, parsed_prompt, self._lexicon)
+        x = np.asarray(raw, dtype=np.float64)
         z = float(((x - self._mean) / self._scale) @ self._coef) + self._weights.intercept
         return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))

@@ -1,0 +1,136 @@
+"""SemanticCache end to end with the real embedding model and the shipped verifier."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from proxy.semantic.service import SemanticCache, SemanticConfig
+from proxy.semantic.store import InMemoryStore, StoreConfig
+from tests.proxy.semantic.semantic_helpers import answer, chat
+
+pytestmark = pytest.mark.anyio
+
+MakeCache = Callable[..., SemanticCache]
+
+
+async def test_tenant_isolation_both_halves(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    stored = await cache.store(
+        "tenant-a", chat("How do I reset my password?"), answer("A's answer")
+    )
+    assert stored is not None
+    hit = await cache.lookup("tenant-a", chat("How can I reset my password?"))
+    assert hit is not None and hit.entry.entry_id == stored
+    assert hit.entry.answer["choices"][0]["message"]["content"] == "A's answer"
+    assert await cache.lookup("tenant-b", chat("How do I reset my password?")) is None
+    assert await cache.lookup("tenant-b", chat("How can I reset my password?")) is None
+    assert cache.stats.hits == 1 and cache.stats.misses == 2
+
+
+async def test_same_follow_up_in_two_conversations_never_hits(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    rust = (
+        {"role": "user", "content": "What is Rust?"},
+        {"role": "assistant", "content": "A language."},
+    )
+    python = (
+        {"role": "user", "content": "What is Python?"},
+        {"role": "assistant", "content": "A language."},
+    )
+    assert await cache.store("t", chat("tell me more", *rust), answer("More on Rust")) is not None
+    assert await cache.lookup("t", chat("tell me more", *python)) is None
+    hit = await cache.lookup("t", chat("tell me more", *rust))
+    assert (
+        hit is not None and hit.entry.answer["choices"][0]["message"]["content"] == "More on Rust"
+    )
+
+
+async def test_verifier_rejection_is_counted(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    await cache.store("t", chat("How do I enable dark mode on Windows?"), answer("enable it"))
+    result = await cache.lookup_detailed("t", chat("How do I disable dark mode on Windows?"))
+    assert result.hit is None and result.reason == "rejected"
+    assert cache.stats.rejections == 1
+    assert result.timing.embed_ms > 0 and result.timing.verify_ms >= 0
+
+
+async def test_only_complete_answers_are_stored(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    assert await cache.store("t", chat("Write a poem"), answer("Roses", "length")) is None
+    call = {"id": "c", "type": "function"}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    tool_answer = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": message}]}
+    assert await cache.store("t", chat("Weather in Paris?"), tool_answer) is None
+    assert await cache.store("t", chat("Weather in Paris?"), tool_answer, allow_tool_calls=True)
+    assert cache.num_mirrored("t") == 1 and cache.stats.store_skipped == 2
+
+
+async def test_sampled_requests_need_the_tenant_opt_in(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    body = chat("What is the capital of France?", temperature=0.8)
+    assert await cache.store("t", body, answer("Paris")) is None
+    assert await cache.store("t", body, answer("Paris"), allow_sampled=True) is not None
+    assert await cache.lookup("t", body) is None
+    assert cache.stats.bypassed == 1
+    assert await cache.lookup("t", body, allow_sampled=True) is not None
+
+
+async def test_delete_feedback_and_flush(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    q1, q2 = chat("What is the capital of France?"), chat("How many legs does a spider have?")
+    e1 = await cache.store("t", q1, answer("Paris"))
+    e2 = await cache.store("t", q2, answer("Eight"))
+    assert e1 and e2
+    assert await cache.delete("other-tenant", e1) is False
+    assert await cache.lookup("t", q1, request_id="req-1") is not None
+    assert await cache.invalidate("t", request_id="req-1") == e1
+    assert await cache.lookup("t", q1) is None
+    assert await cache.flush("t") == 1
+    assert await cache.lookup("t", q2) is None and cache.num_mirrored() == 0
+
+
+async def test_ttl_expired_entries_miss_and_leave_the_mirror(
+    make_cache: MakeCache, embedder: object, verifier: object
+) -> None:
+    now = [1000.0]
+    clock = lambda: now[0]  # noqa: E731
+    store = InMemoryStore(StoreConfig(ttl_s=60), clock)
+    cache = SemanticCache(embedder, store, verifier, SemanticConfig(ttl_s=60), clock=clock)  # type: ignore[arg-type]
+    await cache.store("t", chat("What is the capital of France?"), answer("Paris"))
+    assert await cache.lookup("t", chat("What is the capital of France?")) is not None
+    now[0] += 61
+    assert await cache.lookup("t", chat("What is the capital of France?")) is None
+    assert cache.num_mirrored() == 0
+
+
+async def test_capacity_eviction_reaches_the_mirror(embedder: object, verifier: object) -> None:
+    store = InMemoryStore(StoreConfig(capacity_per_tenant=2))
+    cache = SemanticCache(embedder, store, verifier)  # type: ignore[arg-type]
+    for q in (
+        "What is the capital of France?",
+        "How many legs does a spider have?",
+        "Who wrote Hamlet?",
+    ):
+        await cache.store("t", chat(q), answer(q))
+    assert cache.num_mirrored("t") == 2 and cache.stats.evictions == 1
+    assert await cache.lookup("t", chat("What is the capital of France?")) is None
+
+
+async def test_storing_the_same_prompt_twice_keeps_one_entry(make_cache: MakeCache) -> None:
+    cache = make_cache()
+    first = await cache.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare"))
+    assert await cache.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare")) == first
+    assert cache.num_mirrored() == 1
+
+
+async def test_concurrent_lookups_are_micro_batched(make_cache: MakeCache) -> None:
+    import asyncio
+
+    cache = make_cache()
+    await cache.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare"))
+    texts = [f"Who wrote Hamlet? ({i})" for i in range(8)]
+    results = await asyncio.gather(*(cache.lookup_detailed("t", chat(t)) for t in texts))
+    assert len(results) == 8
+    assert cache._batcher.num_batches < 8 and cache._batcher.num_texts >= 9
