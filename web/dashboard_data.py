@@ -81,6 +81,8 @@ def series(rows: Sequence[UsageRow], start: datetime, end: datetime, width: Buck
         "output": [p.engine_output_tokens for p in points],
         "billed": [exact_usd(p.billed_pico) for p in points],
         "list": [exact_usd(p.list_pico) for p in points],
+        "semantic_rate": [round(p.semantic_hit_rate * 100, 2) for p in points],
+        "prefix_rate": [round(p.prefix_hit_rate * 100, 2) for p in points],
     }
 
 

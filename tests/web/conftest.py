@@ -10,8 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.db import make_engine, session_factory
 from billing.migrate import upgrade
 from proxy.settings import Settings, load_settings
-
-ADMIN_TOKEN = "web-test-admin-token-0123456789"
+from tests.web.webseed import ADMIN_TOKEN
 
 
 @pytest.fixture

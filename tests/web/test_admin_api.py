@@ -8,15 +8,21 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from tests.web.conftest import ADMIN_TOKEN
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from tests.web.webseed import add_prices, add_tenant, ledger_money, random_entries, record
 
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
 from billing.money import pico_to_usd
 from proxy.settings import Settings
+from tests.web.webseed import (
+    ADMIN_TOKEN,
+    add_prices,
+    add_tenant,
+    ledger_money,
+    random_entries,
+    record,
+)
 from web.app import create_web_app
 
 JAN = datetime(2026, 1, 1, tzinfo=UTC)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from tests.web.conftest import ADMIN_TOKEN
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from tests.web.webseed import add_tenant
 
 from billing.accounts import revoke_key
 from proxy.settings import Settings, load_settings
+from tests.web.webseed import ADMIN_TOKEN, add_tenant
 from web.app import create_web_app
 from web.auth import ADMIN_COOKIE, TENANT_COOKIE
 from web.tokens import TokenSigner

@@ -20,12 +20,20 @@ from pathlib import Path
 import pytest
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
-from tests.web.webseed import TenantSeed, add_prices, add_tenant, ledger_money, random_entries, record
 
 from billing.invoice_export import exact_usd
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
 from proxy.settings import Settings
+from tests.web.webseed import (
+    ADMIN_TOKEN,
+    TenantSeed,
+    add_prices,
+    add_tenant,
+    ledger_money,
+    random_entries,
+    record,
+)
 from web.app import create_web_app
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -206,8 +214,6 @@ def test_tenant_a_never_sees_tenant_b(site: Site, browser: object) -> None:
 def test_bad_key_is_refused_and_admin_sees_every_tenant(
     site: Site, browser: object, tmp_path: Path
 ) -> None:
-    from conftest import ADMIN_TOKEN
-
     context = browser.new_context(viewport=LAPTOP)  # type: ignore[attr-defined]
     page = context.new_page()
     page.goto(site.base + "/dashboard")

@@ -10,12 +10,19 @@ from decimal import Decimal
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from tests.web.webseed import add_prices, add_tenant, ledger_money, random_entries, record, sent_totals
 
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
 from billing.money import pico_to_usd
 from proxy.settings import Settings
+from tests.web.webseed import (
+    add_prices,
+    add_tenant,
+    ledger_money,
+    random_entries,
+    record,
+    sent_totals,
+)
 from web.app import create_web_app
 
 JAN = datetime(2026, 1, 1, tzinfo=UTC)

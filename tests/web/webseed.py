@@ -20,6 +20,7 @@ from billing.ledger import LedgerEntry, write_usage_many
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.pricing import set_price
 
+ADMIN_TOKEN = "web-test-admin-token-0123456789"
 PRICE_FROM = datetime(2025, 1, 1, tzinfo=UTC)
 MODELS = {"smollm2-135m": ("0.15", "0.075", "0.60", "0.25"), "big-model": ("3", "1.5", "12", "0.1")}
 

@@ -19,6 +19,15 @@
     { label: "cached prefix", data: data.cached, backgroundColor: "#12b76a" },
     { label: "uncached input", data: data.uncached, backgroundColor: "#f79009" },
     { label: "output", data: data.output, backgroundColor: "#2f6fde" }] } });
+  if (data.semantic_rate) {
+    var percent = Object.assign({}, base, { scales: { y: { min: 0, max: 100 } } });
+    draw("chart-hit-rates", { type: "line", options: percent, data: { labels: data.labels,
+      datasets: [
+        { label: "semantic (share of requests)", data: data.semantic_rate,
+          borderColor: "#7a5af8", backgroundColor: "#7a5af8" },
+        { label: "prefix (share of engine prompt tokens)", data: data.prefix_rate,
+          borderColor: "#12b76a", backgroundColor: "#12b76a" }] } });
+  }
   var spendType = document.getElementById("chart-spenders") ? "bar" : "line";
   draw(spendType === "bar" ? "chart-spenders" : "chart-spend", { type: spendType, options: base,
     data: { labels: data.labels, datasets: [
