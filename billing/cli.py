@@ -190,7 +190,7 @@ def _add_policy_command(group: typer.Typer) -> None:
 
 
 def _tenant_group() -> typer.Typer:
-    group = typer.Typer(help="Tenants.", no_args_is_help=True)
+    group = typer.Typer(help="Create and list tenants; set their policy.", no_args_is_help=True)
 
     @group.command("create")
     def create(name: str = typer.Argument(..., help="Tenant name (A-Za-z0-9._-).")) -> None:
@@ -216,7 +216,7 @@ def _tenant_group() -> typer.Typer:
 
 
 def _key_group() -> typer.Typer:
-    group = typer.Typer(help="API keys.", no_args_is_help=True)
+    group = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 
     @group.command("create")
     def create(
