@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from proxy.routing.events import EventFeeds, RedisEventConsumer
 from proxy.routing.policy import Policy, make_policy
 from proxy.routing.registry import RegistryConfig, WorkerRegistry
-from proxy.routing.router import PrefixRouter
+from proxy.routing.router import PrefixRouter, RoutePlan
 from proxy.routing.types import WorkerId
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 
@@ -34,9 +34,17 @@ def routing_key_of(request: UpstreamRequest) -> str:
 class RoutingHook:
     """``RouterHook`` over a :class:`PrefixRouter`."""
 
-    def __init__(self, router: PrefixRouter, registry: WorkerRegistry | None = None) -> None:
+    def __init__(
+        self,
+        router: PrefixRouter,
+        registry: WorkerRegistry | None = None,
+        *,
+        max_open_plans: int = 10_000,
+    ) -> None:
         self.router = router
         self._registry = registry
+        self._plans: dict[str, RoutePlan] = {}  # request id -> plan, until release
+        self._max_open_plans = max_open_plans
 
     async def rank(
         self, candidates: Sequence[Upstream], request: UpstreamRequest
@@ -54,6 +62,7 @@ class RoutingHook:
             plan = self.router.plan(request.prompt_token_ids, request.salt, key, only=names)
         if plan.choices:
             self.router.dispatched(request.request_id, plan, plan.choices[0].worker_id)
+            self._remember(request.request_id, plan)
         ranked = [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
         return ranked + [u for u in candidates if u.name in down]  # last resort
 
@@ -63,17 +72,36 @@ class RoutingHook:
         return {w.worker_id for w in self._registry.workers() if not w.healthy}
 
     async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
-        """The upstream produced its first item (its prefill is done)."""
+        """The upstream produced its first item (its prefill is done). If the gateway
+        had moved past the first choice, that one failed before streaming: it is
+        reported down and the request re-attributed to ``upstream``."""
+        self._move_to(upstream, request)
         self.router.first_token(request.request_id)
 
     async def failed(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """The upstream failed before streaming: mark it down, forget the attempt."""
         self.router.failed(request.request_id, worker_failed=True)
 
+    def _move_to(self, upstream: Upstream, request: UpstreamRequest) -> None:
+        plan = self._plans.get(request.request_id)
+        current = self.router.inflight_worker(request.request_id)
+        if plan is None or current == upstream.name:
+            return
+        if current is not None:
+            self.router.failed(request.request_id, worker_failed=True)
+        self.router.dispatched(request.request_id, plan, WorkerId(upstream.name))
+
+    def _remember(self, request_id: str, plan: RoutePlan) -> None:
+        self._plans[request_id] = plan
+        while len(self._plans) > self._max_open_plans:  # a release the gateway never sent
+            del self._plans[next(iter(self._plans))]
+
     async def release(
         self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
     ) -> None:
         """The request finished on ``upstream``; ``usage`` (when given) feeds calibration."""
+        self._move_to(upstream, request)
+        self._plans.pop(request.request_id, None)
         self.router.completed(request.request_id, usage.cached_tokens if usage else None)
 
 

@@ -191,6 +191,11 @@ class PrefixRouter:
         if entry is not None and worker_failed:
             self._workers.report_failure(entry.worker_id)
 
+    def inflight_worker(self, request_id: str) -> WorkerId | None:
+        """Where an in-flight request was (last) dispatched."""
+        entry = self._inflight.get(request_id)
+        return entry.worker_id if entry is not None else None
+
     def predicted_cached_tokens(self, request_id: str) -> int | None:
         """What was predicted for an in-flight request on the worker it was sent to."""
         entry = self._inflight.get(request_id)

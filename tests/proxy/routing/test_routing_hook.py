@@ -34,22 +34,24 @@ async def _send(
     request: UpstreamRequest,
     failures: list[str] | None = None,
 ) -> tuple[str, UpstreamUsage, int]:
-    """The gateway's loop in miniature: try the ranked upstreams until one streams."""
-    ranked = await stack.hook.rank(upstreams, request)
-    predicted = stack.router.predicted_cached_tokens(request.request_id) or 0
-    for upstream in ranked:
+    """The gateway's loop in miniature (proxy/service.py): try the ranked upstreams
+    until one streams, tell the hook when it started and when it ended."""
+    for upstream in await stack.hook.rank(upstreams, request):
+        stream = upstream.stream(request)
         try:
-            items = [item async for item in upstream.stream(request)]
+            first = await anext(stream)
         except UpstreamError as exc:
             assert exc.retryable
-            await stack.hook.failed(upstream, request)
             if failures is not None:
                 failures.append(upstream.name)
             continue
+        await stack.hook.started(upstream, request)
+        predicted = stack.router.predicted_cached_tokens(request.request_id)
+        items = [first, *[item async for item in stream]]
         usage = items[-1]
         assert isinstance(usage, UpstreamUsage)
         await stack.hook.release(upstream, request, usage)
-        return upstream.name, usage, predicted
+        return upstream.name, usage, predicted or 0
     raise AssertionError("no upstream answered")
 
 
@@ -106,14 +108,15 @@ def test_prefix_lands_on_its_holder_and_a_dead_worker_loses_no_request() -> None
                 await holder_stack.aclose()  # kill the holder; no health check runs meanwhile
                 failures: list[str] = []
                 after = _request("after", [*prefix, 7])
-                name, usage, _ = await _send(stack, upstreams, after, failures)
+                name, usage, predicted = await _send(stack, upstreams, after, failures)
                 assert failures == [holder]  # tried first, refused before any byte: retried
                 assert name != holder and usage.completion_tokens > 0
+                assert usage.cached_tokens == predicted == 0
                 assert WorkerId(holder) not in {
                     s.worker_id for s in stack.registry.healthy_workers()
                 }
                 snap = stack.router.calibration.snapshot()
-                assert snap.num_requests == snap.num_exact == 11
+                assert snap.num_requests == snap.num_exact == 12
             finally:
                 await stack.aclose()
                 for u in upstreams:
