@@ -153,6 +153,35 @@ def bench_decode(cfg: BenchConfig, batch: int, context: int, peak: float | None)
             "kv_bytes": kv_bytes, "max_abs_err_vs_sdpa": max_err, **rows}  # fmt: skip
 
 
+def bench_decode_int8(
+    cfg: BenchConfig, batch: int, context: int, peak: float | None
+) -> dict[str, Any]:
+    """Decode over an int8 copy of the same pool: bandwidth and the accuracy cost."""
+    from engine.kernels.decode_attention import paged_decode_attention
+    from engine.kernels.launch import KVScales
+    from engine.kernels.reference import reference_quantize_int8
+
+    x = make_inputs(cfg, batch, context - 1, 1, seed=batch * 7 + context)
+    k8, k_scale = reference_quantize_int8(x.k_cache)
+    v8, v_scale = reference_quantize_int8(x.v_cache)
+    scales = KVScales(k_scale, v_scale)
+    scale = cfg.head_dim**-0.5
+
+    def run(k: torch.Tensor, v: torch.Tensor, s: KVScales | None) -> torch.Tensor:
+        return paged_decode_attention(x.q, k, v, x.block_tables, x.seq_lens, scale,
+                                      max_seq_len=context, kv_scales=s)  # fmt: skip
+
+    err = (run(k8, v8, scales).float() - run(x.k_cache, x.v_cache, None).float()).abs()
+    ms = time_ms(lambda: run(k8, v8, scales), cfg)
+    rows = batch * context * cfg.num_kv_heads
+    read = 2 * rows * (cfg.head_dim + 4) + x.block_tables.numel() * 4
+    gbps = read / ms / 1e6
+    return {"batch": batch, "context": context, "ms": ms, "gbps": round(gbps, 1),
+            "peak_fraction": round(gbps / peak, 3) if peak else None,
+            "max_abs_err_vs_float_cache": float(err.max()),
+            "mean_abs_err_vs_float_cache": float(err.mean())}  # fmt: skip
+
+
 def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dict[str, Any]:
     import kernel_peers as kp
 
@@ -323,6 +352,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for batch, context in plan["decode"]:
             log(f"decode batch={batch} context={context}")
             result["decode"].append(bench_decode(cfg, batch, context, peak))
+            result.setdefault("decode_int8", []).append(
+                bench_decode_int8(cfg, batch, context, peak)
+            )
             torch.cuda.empty_cache() if cfg.device == "cuda" else None
     if not args.skip_prefill:
         result["prefill"] = []
