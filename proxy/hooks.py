@@ -22,6 +22,7 @@ class SemanticQuery:
     """One request as the semantic cache sees it (identity is server-derived)."""
 
     tenant_id: TenantId
+    request_id: str  # server-generated; lets feedback name the entry that answered
     kind: Literal["chat", "completion"]
     model: str
     body: dict[str, Any]  # the validated client body, without any salt field

@@ -23,6 +23,7 @@ def query_of(prep: Prepared) -> SemanticQuery:
     """What the semantic cache is asked for ``prep`` (tenant from the key, never the body)."""
     return SemanticQuery(
         tenant_id=prep.identity.tenant_id,
+        request_id=prep.request_id,
         kind=prep.kind,
         model=prep.model,
         body=prep.body,
@@ -88,7 +89,7 @@ class SemanticCacheAdapter:
         """The service's verified hit, as replayable choices."""
         hit = await self.service.lookup(
             query.tenant_id, query.body, allow_sampled=query.allow_sampled,
-            threshold=query.threshold,
+            threshold=query.threshold, request_id=query.request_id,
         )
         if hit is None:
             return None

@@ -1,0 +1,68 @@
+"""``kvtoll serve``: the whole gateway in one command.
+
+Without ``--worker`` it serves the bundled SmolLM2-135M-Instruct from an in-process
+engine, with SQLite (migrated on start), in-process rate limits and semantic cache:
+no service needed. With ``--worker URL`` (repeatable) it fronts kvtoll workers or any
+OpenAI-compatible servers, routed by cached prefix. Every caller mistake prints one
+line and exits 2 before the server starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from proxy.cli.errors import fail
+from proxy.settings import load_settings
+
+DEFAULT_PORT = 8000
+
+
+def _run(host: str, port: int, workers: tuple[str, ...], semantic: bool, policy: str) -> None:
+    import uvicorn
+
+    from engine.cli import check_port_free
+    from proxy.stack import ServeOptions, build_stack
+
+    settings = load_settings()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        check_port_free(host, port)
+        stack = build_stack(settings, ServeOptions(workers, semantic, policy))
+    except ValueError as exc:  # StackError and the port check
+        fail(str(exc))
+    try:
+        models = ", ".join(stack.model_names)
+        typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
+        config = uvicorn.Config(stack.app, host=host, port=port, log_level=settings.log_level,
+                                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run()
+    finally:
+        stack.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``kvtoll serve`` to the root CLI."""
+
+    @app.command("serve")
+    def serve(
+        host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port to listen on")] = DEFAULT_PORT,
+        worker: Annotated[
+            list[str] | None,
+            typer.Option(help="Upstream OpenAI-compatible server URL (repeatable); "
+                         "default: the in-process engine"),
+        ] = None,
+        semantic_cache: Annotated[
+            bool, typer.Option("--semantic-cache/--no-semantic-cache",
+                               help="L3 semantic cache (loads the MiniLM embedder)")
+        ] = False,
+        routing_policy: Annotated[
+            str, typer.Option(help="Prefix-routing policy when --worker is given")
+        ] = "cache_aware",
+    ) -> None:
+        """Serve the OpenAI-compatible gateway (KVTOLL_* settings; see the README)."""
+        _run(host, port, tuple(worker or ()), semantic_cache, routing_policy)

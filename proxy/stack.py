@@ -1,0 +1,186 @@
+"""Assemble the whole gateway from settings: what ``kvtoll serve`` runs.
+
+::
+
+    settings ─► billing DB (SQLite: migrated on start; PostgreSQL: must be at head)
+             ─► upstreams: --worker URL … → HttpUpstream each (+ prefix router)
+                           none          → the in-process engine (bundled SmolLM2)
+             ─► semantic cache (MiniLM + FAISS; Redis-shared when KVTOLL_REDIS_URL)
+             ─► proxy.app.create_app(...)
+
+Every caller mistake raises :class:`StackError` (one line) before anything heavy
+is loaded where possible; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import APIRouter, FastAPI
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing import migrate
+from billing.accounts import get_tenant_by_name
+from billing.db import make_engine, session_factory
+from engine.api import Tokenizer
+from proxy.app import Resource, create_app
+from proxy.hooks import RouterHook, SemanticCacheHook
+from proxy.settings import Settings
+from proxy.upstream.base import Upstream
+
+
+class StackError(ValueError):
+    """A configuration problem the operator must fix (printed as one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    workers: tuple[str, ...] = ()
+    semantic: bool = True
+    routing_policy: str = "cache_aware"
+
+
+@dataclass
+class Stack:
+    """The built app plus what must be shut down after the server stops."""
+
+    app: FastAPI
+    model_names: tuple[str, ...]
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+
+
+@dataclass
+class _Parts:
+    upstreams: list[Upstream]
+    models: list[str]
+    tokenizer: Tokenizer | None = None
+    context_len: int | None = None
+    semantic: SemanticCacheHook | None = None
+    router: RouterHook | None = None
+    resources: list[Resource] = field(default_factory=list)
+    routers: list[APIRouter] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+def check_worker_url(url: str) -> str:
+    """``url`` if it is an absolute http(s) URL with a host."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StackError(f"--worker must be an http(s) URL like http://host:8001, got {url!r}")
+    return url.rstrip("/")
+
+
+def prepare_database(url: str) -> sessionmaker[Session]:
+    """SQLite is migrated to head on start; another database must already be at head."""
+    try:
+        if make_url(url).get_backend_name() == "sqlite":
+            migrate.upgrade(url)
+        elif migrate.current_revision(url) != migrate.head_revision():
+            raise StackError("the billing database is not migrated: run `kvtoll db upgrade`")
+    except StackError:
+        raise
+    except Exception as exc:
+        raise StackError(f"cannot use the database {url!r}: {str(exc).splitlines()[0]}") from exc
+    return session_factory(make_engine(url))
+
+
+def worker_models(urls: tuple[str, ...]) -> list[str]:
+    """Model ids the workers serve (``GET /v1/models``), in first-seen order."""
+    found: list[str] = []
+    for url in urls:
+        try:
+            response = httpx.get(url.removesuffix("/v1") + "/v1/models", timeout=10)
+            response.raise_for_status()
+            ids = [str(m["id"]) for m in response.json()["data"]]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            raise StackError(f"cannot list the models of worker {url}: {exc}") from exc
+        found += [m for m in ids if m not in found]
+    return found
+
+
+def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
+    from proxy.routing.hook import RoutingOptions, RoutingStack
+    from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
+
+    upstreams: list[Upstream] = [HttpUpstream(HttpUpstreamConfig(base_url=u))
+                                 for u in options.workers]
+    parts = _Parts(upstreams, worker_models(options.workers))
+    redis = None
+    if settings.redis_url:
+        from redis.asyncio import Redis
+
+        redis = Redis.from_url(settings.redis_url)
+    stack = RoutingStack(RoutingOptions(policy=options.routing_policy),
+                         [(u.name, u.name) for u in upstreams], redis=redis)
+    parts.router = stack.hook
+    parts.resources.append(stack)
+    return parts
+
+
+def _local_parts(settings: Settings) -> _Parts:
+    from engine.cli import engine_config
+    from engine.factory import build_engine
+    from proxy.upstream.inprocess import InProcessUpstream
+
+    try:
+        config = engine_config(settings.model_path, settings.dtype,
+                               attention_backend=settings.attention_backend)
+        engine = build_engine(config)
+    except (OSError, ValueError) as exc:
+        raise StackError(f"cannot load the model: {exc}") from exc
+    parts = _Parts([InProcessUpstream(engine)], [engine.model_name],
+                   tokenizer=engine.tokenizer(), context_len=engine.max_model_len)
+    parts.closers.append(engine.shutdown)
+    return parts
+
+
+def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Session]) -> None:
+    from proxy.deps import get_key, require_admin
+    from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.routes import build_admin_cache_router, build_cache_router
+    from proxy.semantic_bridge import SemanticCacheAdapter
+
+    cache = build_semantic_cache(settings.redis_url)
+
+    def resolve_tenant(name: str) -> int | None:
+        with factory() as session:
+            tenant = get_tenant_by_name(session, name)
+            return None if tenant is None else tenant.id
+
+    parts.semantic = SemanticCacheAdapter(cache)
+    parts.resources.append(cache)
+    parts.routers += [build_cache_router(cache, get_key),
+                      build_admin_cache_router(cache, require_admin, resolve_tenant)]
+
+
+def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) -> Stack:
+    """Everything ``kvtoll serve`` runs, ready for uvicorn (see module doc)."""
+    problem = settings.admin_token_problem()
+    if problem:
+        raise StackError(problem)
+    try:
+        settings.server_secret()
+    except ValueError as exc:
+        raise StackError(str(exc)) from None
+    workers = tuple(check_worker_url(u) for u in options.workers)
+    options = ServeOptions(workers, options.semantic, options.routing_policy)
+    factory = prepare_database(settings.database_url)
+    parts = _remote_parts(settings, options) if workers else _local_parts(settings)
+    if options.semantic:
+        _add_semantic(parts, settings, factory)
+    app = create_app(
+        settings, upstreams=parts.upstreams, session_factory=factory, models=parts.models,
+        tokenizer=parts.tokenizer, context_len=parts.context_len, semantic=parts.semantic,
+        router=parts.router, resources=parts.resources, extra_routers=parts.routers,
+        **app_kwargs,
+    )
+    return Stack(app, tuple(parts.models), parts.closers)
