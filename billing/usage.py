@@ -203,7 +203,23 @@ def _uses_bucket_scans(query: UsageQuery, dialect: str) -> bool:
     return dialect == "postgresql" and query.width is not None and query.tenant_id is not None
 
 
-def _bucket_scans(query: UsageQuery) -> Select[Any]:
+def bucket_floor(moment: datetime, width: BucketWidth) -> datetime:
+    """The UTC start of the bucket holding ``moment``."""
+    step = int(width.delta.total_seconds())
+    return datetime.fromtimestamp(int(moment.timestamp()) // step * step, UTC)
+
+
+def _bucket_series(query: UsageQuery) -> tuple[Any, Any]:
+    """``generate_series`` of the bucket starts of ``query``: (from-clause, bucket column)."""
+    assert query.width is not None
+    first = bucket_floor(query.start, query.width)
+    last = query.end - timedelta(microseconds=1)
+    series = func.generate_series(first, last, query.width.delta)
+    buckets = series.table_valued(column("bucket", DateTime(timezone=True))).render_derived("b")
+    return buckets, buckets.c.bucket
+
+
+def _bucket_scans(query: UsageQuery, columns: list[Any] | None = None) -> Select[Any]:
     """PostgreSQL, one tenant: one index range scan per bucket (``LATERAL``).
 
     Each bucket aggregates its own ``(tenant_id, created_at)`` range, so no row
@@ -211,14 +227,9 @@ def _bucket_scans(query: UsageQuery) -> Select[Any]:
     """
     assert query.width is not None
     r, step = UsageRecord, query.width.delta
-    first = datetime.fromtimestamp(
-        int(query.start.timestamp()) // int(step.total_seconds()) * int(step.total_seconds()), UTC
-    )
-    series = func.generate_series(first, query.end - timedelta(microseconds=1), step)
-    buckets = series.table_valued(column("bucket", DateTime(timezone=True))).render_derived("b")
-    bucket = buckets.c.bucket
-    keys = _key_columns(query)
-    per_bucket = select(*keys, *_aggregates()).where(
+    buckets, bucket = _bucket_series(query)
+    keys = _key_columns(query) if columns is None else []
+    per_bucket = select(*keys, *(columns if columns is not None else _aggregates())).where(
         r.tenant_id == query.tenant_id,
         r.created_at >= func.greatest(bucket, query.start),
         r.created_at < func.least(bucket + step, query.end),
@@ -228,6 +239,20 @@ def _bucket_scans(query: UsageQuery) -> Select[Any]:
     inner = per_bucket.lateral("a")
     stmt = select(bucket, *inner.c).select_from(buckets).join(inner, true())
     return stmt.order_by(bucket, *(inner.c[i] for i in range(len(keys))))
+
+
+def supports_bucket_counts(session: Session, query: UsageQuery) -> bool:
+    """True if :func:`bucket_row_counts` can serve ``query`` (PostgreSQL, one tenant)."""
+    return _uses_bucket_scans(query, session.get_bind().dialect.name)
+
+
+def bucket_row_counts(session: Session, query: UsageQuery) -> dict[datetime, int]:
+    """Rows per bucket (by bucket start), counted from the index alone where it can."""
+    if not supports_bucket_counts(session, query):
+        raise ValueError("bucket counts need PostgreSQL, a tenant and a bucket width")
+    session.execute(text("SET LOCAL jit = off"))
+    stmt = _bucket_scans(query, [func.count()])
+    return {_as_utc(start): int(count) for start, count in session.execute(stmt)}
 
 
 def build_statement(query: UsageQuery, dialect: str) -> Select[Any]:

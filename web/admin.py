@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import get_tenant_by_name
 from billing.usage import GroupBy
+from billing.usage_cache import UsageCache
 from proxy.settings import Settings
 from web.api_views import cost_result, usage_result
 from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, set_cookie
@@ -48,12 +49,15 @@ def _tenant_filter(factory: sessionmaker[Session], name: str | None) -> int | No
     return tenant.id
 
 
-def _add_api_routes(router: APIRouter, factory: sessionmaker[Session], auth: AdminAuth) -> None:
+def _add_api_routes(
+    router: APIRouter, factory: sessionmaker[Session], auth: AdminAuth, cache: UsageCache
+) -> None:
     def answer(request: Request, result: ResultFn) -> Response:
         auth.require(request)
         tenant_id = _tenant_filter(factory, request.query_params.get("tenant"))
         return bucketed_answer(
-            factory, request, tenant_id=tenant_id, allowed=ADMIN_GROUPS, result=result
+            factory, request, tenant_id=tenant_id, allowed=ADMIN_GROUPS, result=result,
+            cache=cache,
         )
 
     @router.get("/admin/v1/organization/usage/completions")
@@ -141,13 +145,14 @@ def build_admin_dashboard_router(
     settings: Settings,
     *,
     worker_status: WorkerStatusFn | None = None,
+    usage_cache: UsageCache | None = None,
 ) -> APIRouter:
     """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
     auth = AdminAuth(settings)
     pages = AdminPages(session_factory, auth, template_environment(), worker_status)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
-    _add_api_routes(router, session_factory, auth)
+    _add_api_routes(router, session_factory, auth, usage_cache or UsageCache())
     router.add_api_route("/admin/dashboard", pages.dashboard, methods=["GET"])
     router.add_api_route("/admin/dashboard/login", pages.login, methods=["POST"])
     router.add_api_route("/admin/dashboard/logout", pages.logout, methods=["POST"])

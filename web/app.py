@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.usage_cache import UsageCache
 from proxy.settings import Settings
 from web.admin import WorkerStatusFn, build_admin_dashboard_router
 from web.auth import KeyResolver, TenantAuth, session_secret
@@ -26,12 +27,16 @@ def include_web_routers(
     worker_status: WorkerStatusFn | None = None,
 ) -> None:
     """Add the dashboard, usage API and admin routers to ``app`` (one shared tenant auth)."""
-    tenant_auth = TenantAuth(session_factory, session_secret(settings), resolver)
-    app.include_router(build_dashboard_router(session_factory, settings, tenant_auth=tenant_auth))
-    app.include_router(build_usage_api_router(session_factory, settings, tenant_auth=tenant_auth))
-    app.include_router(
-        build_admin_dashboard_router(session_factory, settings, worker_status=worker_status)
-    )
+    auth = TenantAuth(session_factory, session_secret(settings), resolver)
+    cache = UsageCache()
+    for router in (
+        build_dashboard_router(session_factory, settings, tenant_auth=auth, usage_cache=cache),
+        build_usage_api_router(session_factory, settings, tenant_auth=auth, usage_cache=cache),
+        build_admin_dashboard_router(
+            session_factory, settings, worker_status=worker_status, usage_cache=cache
+        ),
+    ):
+        app.include_router(router)
 
 
 def create_web_app(

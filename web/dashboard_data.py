@@ -7,7 +7,7 @@ Chart series are handed to the page as JSON and drawn by Chart.js in the browser
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,8 +29,8 @@ from billing.usage import (
 
 TOP_SPENDERS = 10
 FORMATS = ("pdf", "csv", "json")
-_MODEL = (GroupBy.MODEL,)
-_KEY = (GroupBy.API_KEY,)
+_BOTH = (GroupBy.MODEL, GroupBy.API_KEY)
+Aggregate = Callable[[Session, UsageQuery], list[UsageRow]]
 WorkerRows = Sequence[Mapping[str, object]]
 
 
@@ -108,21 +108,37 @@ def _key_labels(session: Session, tenant_id: int) -> dict[str, str]:
     return {kid: f"{name or 'unnamed'} ({prefix}…)" for kid, name, prefix in session.execute(stmt)}
 
 
-def tenant_context(session: Session, tenant_id: int, start: datetime, end: datetime) -> dict:
-    """Everything the tenant dashboard shows for ``[start, end)``."""
+def roll_up(rows: Sequence[UsageRow], key: Callable[[UsageRow], Any]) -> dict[Any, UsageTotals]:
+    """Totals of ``rows`` per ``key(row)``, in first-seen order."""
+    out: dict[Any, UsageTotals] = {}
+    for row in rows:
+        out[key(row)] = out.get(key(row), UsageTotals()) + row.totals
+    return out
+
+
+def tenant_context(
+    session: Session, tenant_id: int, start: datetime, end: datetime, aggregate: Aggregate
+) -> dict:
+    """Everything the tenant dashboard shows for ``[start, end)``.
+
+    One bucketed query grouped by model and key feeds the charts, the totals and
+    both breakdowns (``aggregate`` may be a :class:`billing.usage_cache.UsageCache`).
+    """
     width = chart_width(start, end)
-    bucketed = aggregate_usage(session, UsageQuery(start, end, tenant_id, width=width))
-    by_model = aggregate_usage(session, UsageQuery(start, end, tenant_id, group_by=_MODEL))
-    by_key = aggregate_usage(session, UsageQuery(start, end, tenant_id, group_by=_KEY))
+    rows = aggregate(session, UsageQuery(start, end, tenant_id, width=width, group_by=_BOTH))
+    per_bucket = roll_up(rows, lambda r: r.bucket_start)
+    bucketed = [UsageRow(b, None, None, None, t) for b, t in per_bucket.items()]
     labels = _key_labels(session, tenant_id)
+    by_model = sorted(roll_up(rows, lambda r: r.model).items())
+    by_key = roll_up(rows, lambda r: r.api_key_id or "")
     return {
         "totals": totals_view(sum_rows(bucketed)),
         "chart": series(bucketed, start, end, width),
-        "models": [{"name": r.model, **totals_view(r.totals)} for r in by_model],
-        "keys": [
-            {"name": labels.get(r.api_key_id or "", "(deleted key)"), **totals_view(r.totals)}
-            for r in by_key
-        ],
+        "models": [{"name": model, **totals_view(t)} for model, t in by_model],
+        "keys": sorted(
+            ({"name": labels.get(kid, "(no key)"), **totals_view(t)} for kid, t in by_key.items()),
+            key=lambda view: view["name"],
+        ),
         "invoices": invoice_rows(list_invoices(session, tenant_id), "/v1/invoices", {}),
     }
 

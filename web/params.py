@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from billing.usage import BucketWidth, GroupBy
+from billing.usage import BucketWidth, GroupBy, bucket_floor
 from web.errors import bad_param
 
 LIMITS = {BucketWidth.DAY: (7, 31), BucketWidth.HOUR: (24, 168)}
@@ -76,12 +76,6 @@ def parse_group_by(values: Sequence[str] | None, allowed: Sequence[GroupBy]) -> 
     return tuple(g for g in allowed if g.value in names)
 
 
-def floor_to(moment: datetime, width: BucketWidth) -> datetime:
-    """The start of the UTC bucket holding ``moment``."""
-    step = int(width.delta.total_seconds())
-    return datetime.fromtimestamp(int(moment.timestamp()) // step * step, tz=UTC)
-
-
 def parse_bucket_page(
     *,
     start_time: str | None,
@@ -110,7 +104,7 @@ def parse_bucket_page(
     buckets: list[tuple[datetime, datetime]] = []
     cursor = first
     while cursor < end and len(buckets) < count:
-        bucket_end = min(floor_to(cursor, width) + width.delta, end)
+        bucket_end = min(bucket_floor(cursor, width) + width.delta, end)
         buckets.append((cursor, bucket_end))
         cursor = bucket_end
     return BucketPage(
@@ -124,7 +118,7 @@ def day_range(start: str | None, end: str | None, today: datetime) -> tuple[date
 
     Raises ``ValueError`` with a readable message for bad dates or a reversed range.
     """
-    last = _iso_day(end, "end") if end else floor_to(today, BucketWidth.DAY)
+    last = _iso_day(end, "end") if end else bucket_floor(today, BucketWidth.DAY)
     first = _iso_day(start, "start") if start else last - timedelta(days=29)
     if last < first:
         raise ValueError("the end date is before the start date")
