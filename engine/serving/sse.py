@@ -26,7 +26,8 @@ async def aiter_sse_data(lines: AsyncIterable[str]) -> AsyncIterator[str]:
     Follows the SSE rules that matter here: ``data:`` lines of one event are joined
     with ``\\n``, a blank line ends an event, ``:`` lines are comments, other fields
     (``event:``, ``id:``, ``retry:``) are ignored. A final event without its blank
-    line is still delivered. Stops after ``[DONE]``.
+    line is still delivered. Nothing is yielded after ``[DONE]``, but the rest of the
+    stream is still read, so that an HTTP connection can go back to its pool.
     """
     pending: list[str] = []
     async for raw in lines:
@@ -37,6 +38,8 @@ async def aiter_sse_data(lines: AsyncIterable[str]) -> AsyncIterator[str]:
                 pending = []
                 yield data
                 if data == DONE_SENTINEL:
+                    async for _ in lines:
+                        pass
                     return
             continue
         if line.startswith(":"):

@@ -44,5 +44,17 @@ async def test_parser_rules_comments_fields_multiline_crlf_and_stop_at_done() ->
     assert await _data(text) == ["first\nsecond", "[DONE]"]
 
 
+async def test_stream_is_drained_after_done() -> None:
+    consumed: list[str] = []
+
+    async def lines() -> AsyncIterator[str]:
+        for line in ["data: a", "", "data: [DONE]", "", "", ": trailing"]:
+            consumed.append(line)
+            yield line
+
+    assert [d async for d in aiter_sse_data(lines())] == ["a", "[DONE]"]
+    assert consumed[-1] == ": trailing"
+
+
 async def test_last_event_without_blank_line_is_delivered() -> None:
     assert await _data("data: x\n\ndata: tail") == ["x", "tail"]

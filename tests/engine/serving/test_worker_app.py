@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.engine.serving.serving_fakes import REPLY, ByteTokenizer, FakeEngine
 
 from engine.serving.app import WorkerConfig, build_worker_app
+from tests.engine.serving.serving_fakes import REPLY, ByteTokenizer, FakeEngine
 
 pytestmark = pytest.mark.anyio
 MSGS = [{"role": "user", "content": "hello"}]

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from tests.engine.serving.serving_fakes import FakeEngine
 
 from engine.serving.app import build_worker_app
 from engine.serving.server import serve_in_background
+from tests.engine.serving.serving_fakes import FakeEngine
 
 pytestmark = pytest.mark.anyio
 BODY = {"model": "fake-model", "prompt": "abc", "max_tokens": 200}

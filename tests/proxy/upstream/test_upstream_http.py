@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from tests.proxy.upstream.upstream_helpers import Script, SpyEngine, chat_event, scripted_server
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
@@ -24,6 +23,7 @@ from proxy.upstream.base import (
     UpstreamUsage,
 )
 from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
+from tests.proxy.upstream.upstream_helpers import Script, SpyEngine, chat_event, scripted_server
 
 pytestmark = pytest.mark.anyio
 SALT_A = derive_tenant_salt(b"secret", "tenant-a")

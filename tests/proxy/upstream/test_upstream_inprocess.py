@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from tests.proxy.upstream.upstream_helpers import SpyEngine
 
 from engine.config import EngineConfig
 from engine.factory import build_engine
@@ -19,6 +18,7 @@ from proxy.upstream.base import (
     UpstreamUsage,
 )
 from proxy.upstream.inprocess import InProcessUpstream
+from tests.proxy.upstream.upstream_helpers import SpyEngine
 
 pytestmark = pytest.mark.anyio
 SALT_A = derive_tenant_salt(b"secret", 1)
