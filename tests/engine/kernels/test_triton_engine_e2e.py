@@ -10,7 +10,7 @@ import pytest
 
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
-from engine.factory import LoadedModel, build_llm_engine
+from engine.factory import build_llm_engine, load_model
 from engine.kernels import decode_attention, extend_attention
 from engine.llm_engine import LLMEngine
 
@@ -59,14 +59,14 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, calls: Counter[str]) -> None:
 
 
 def test_triton_engine_is_token_identical_to_torch_engine(
-    monkeypatch: pytest.MonkeyPatch, tiny_model: LoadedModel
+    monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
-    loaded = tiny_model
-    config = EngineConfig.tiny(attention_backend="torch")
+    config = EngineConfig.tiny(attention_backend="torch", device=device)
+    loaded = load_model(config)
     torch_tokens, torch_cached = _run(build_llm_engine(config, loaded))
     calls: Counter[str] = Counter()
     _count_calls(monkeypatch, calls)
-    triton_config = EngineConfig.tiny(attention_backend="triton")
+    triton_config = EngineConfig.tiny(attention_backend="triton", device=device)
     triton_engine = build_llm_engine(triton_config, loaded)
     assert triton_engine.runner.backend.name == "triton"
     triton_tokens, triton_cached = _run(triton_engine)
