@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -52,10 +52,11 @@ def build_cache_router(
 ) -> APIRouter:
     """Tenant-scoped cache routes; ``tenant_dependency`` authenticates the API key."""
     router = APIRouter(tags=["cache"])
-    Identity = Annotated[Any, Depends(tenant_dependency)]
 
     @router.delete("/v1/cache/entries/{entry_id}")
-    async def delete_entry(entry_id: str, identity: Identity) -> JSONResponse:
+    async def delete_entry(
+        entry_id: str, identity: Any = Depends(tenant_dependency)
+    ) -> JSONResponse:
         try:
             deleted = await cache.delete(tenant_id_of(identity), entry_id)
         except Exception:
@@ -66,7 +67,9 @@ def build_cache_router(
         return JSONResponse({"id": entry_id, "object": "cache.entry.deleted", "deleted": True})
 
     @router.post("/v1/cache/feedback")
-    async def feedback(request: Request, identity: Identity) -> JSONResponse:
+    async def feedback(
+        request: Request, identity: Any = Depends(tenant_dependency)
+    ) -> JSONResponse:
         parsed = await _parse_feedback(request)
         if isinstance(parsed, JSONResponse):
             return parsed
