@@ -70,18 +70,19 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
     """Await ``awaitable`` unless the client disconnects first (then cancel it and
-    raise :class:`ClientGone`)."""
+    raise :class:`ClientGone`). Cancelling the caller cancels both."""
     task = asyncio.ensure_future(awaitable)
     watcher = asyncio.create_task(_wait_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise ClientGone
+        for pending in (watcher, task):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+    if task.cancelled():
+        raise ClientGone
     return task.result()
 
 

@@ -14,6 +14,8 @@ Status mapping (the caller's mistake vs the upstream's problem):
 * 401, 403, 404, 408, 429, 5xx, connection errors, timeouts, a malformed or cut
   stream -> :class:`UpstreamError`, ``retryable`` while nothing was yielded.
 
+A server that ignores ``stream: true`` and answers one JSON object is read as such.
+
 Upstreams that send no usage: prompt tokens are the proxy's own count
 (``prompt_token_ids``) or about 4 characters per token, completion tokens the number
 of non-empty deltas; ``UpstreamUsage.extra["estimated"]`` says so.
@@ -112,9 +114,13 @@ class HttpUpstream:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise _status_error(resp)
-                async for data in aiter_sse_data(resp.aiter_lines()):
-                    for delta in reader.feed(data):
-                        yield delta
+                if resp.headers.get("content-type", "").startswith("application/json"):
+                    for delta in reader.whole(json.loads(await resp.aread())):
+                        yield delta  # a server that ignored stream=true
+                else:
+                    async for data in aiter_sse_data(resp.aiter_lines()):
+                        for delta in reader.feed(data):
+                            yield delta
         except httpx.TimeoutException as exc:
             raise reader.error(f"{self.name} timed out ({type(exc).__name__})", 504) from None
         except httpx.TransportError as exc:
@@ -172,6 +178,21 @@ class _StreamReader:
             self.usage = event["usage"]
         deltas = [d for d in map(self._delta, event.get("choices") or []) if d is not None]
         self.produced = self.produced or bool(deltas)
+        return deltas
+
+    def whole(self, body: object) -> list[UpstreamDelta]:
+        """A non-streamed response body: one delta per choice."""
+        if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+            raise self.error(f"malformed response from upstream: {str(body)[:200]!r}")
+        if isinstance(body.get("usage"), dict):
+            self.usage = body["usage"]
+        self.done = True
+        choices = [
+            {**c, "delta": c.get("message") or {}} if isinstance(c, dict) else {}
+            for c in body["choices"]
+        ]
+        deltas = [d for d in map(self._delta, choices) if d is not None]
+        self.produced = bool(deltas)
         return deltas
 
     def _delta(self, choice: dict[str, Any]) -> UpstreamDelta | None:

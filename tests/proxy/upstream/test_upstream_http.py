@@ -242,3 +242,38 @@ async def test_read_timeout(third_party: HttpUpstream, script: Script) -> None:
 async def test_health_falls_back_to_models(third_party: HttpUpstream, script: Script) -> None:
     script.has_healthz = False
     assert await third_party.health() is True
+
+
+async def test_server_ignoring_stream_true_is_read_whole(
+    third_party: HttpUpstream, script: Script
+) -> None:
+    script.whole_json = {
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Paris."},
+                "finish_reason": "stop",
+            },
+            {
+                "index": 1,
+                "message": {"role": "assistant", "content": None, "tool_calls": [{"id": "t"}]},
+                "finish_reason": "tool_calls",
+            },
+        ],
+        "usage": {
+            "prompt_tokens": 9,
+            "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        },
+    }
+    deltas, usage = await _run(third_party, _req(_chat()))
+    assert [(d.index, d.text, d.finish_reason) for d in deltas] == [
+        (0, "Paris.", "stop"),
+        (1, "", "tool_calls"),
+    ]
+    assert deltas[1].tool_calls == [{"id": "t"}]
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (9, 2, 8)
+    script.whole_json = {"unexpected": True}
+    with pytest.raises(UpstreamError):
+        await _run(third_party, _req(_chat()))

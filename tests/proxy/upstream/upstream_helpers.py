@@ -79,6 +79,7 @@ class Script:
     send_done: bool = True
     delay_s: float = 0.0
     has_healthz: bool = True
+    whole_json: Any = None  # answer this JSON object instead of streaming
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
 
@@ -100,6 +101,8 @@ def scripted_server(script: Script) -> FastAPI:
         script.headers.append(dict(request.headers))
         if script.status != 200:
             return JSONResponse(script.error_body, status_code=script.status)
+        if script.whole_json is not None:
+            return JSONResponse(script.whole_json)
         return StreamingResponse(frames(), media_type="text/event-stream")
 
     app.add_api_route("/v1/chat/completions", answer, methods=["POST"])
