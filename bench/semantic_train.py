@@ -20,7 +20,6 @@ Prints one JSON object (counts, calibration figures, held-out hard-case results)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
+from proxy.semantic.evaluate import qqp_split
 from proxy.semantic.features import FEATURE_NAMES
 from proxy.semantic.verifier import LogisticVerifier, VerifierWeights
 
@@ -39,12 +39,6 @@ HARD_CASES = ROOT / "proxy" / "semantic" / "data" / "hard_cases.jsonl"
 WEIGHTS_OUT = ROOT / "proxy" / "semantic" / "data" / "verifier_weights.json"
 NUM_CANDIDATES = 4
 MIN_SIMILARITY = 0.5
-
-
-def qqp_split(text_a: str, text_b: str) -> str:
-    """``heldout`` for 20 % of pairs (stable hash), ``fit`` / ``calib`` for the rest."""
-    h = int(hashlib.sha1(f"{text_a}\t{text_b}".encode()).hexdigest()[:8], 16) % 100
-    return "heldout" if h < 20 else ("calib" if h < 32 else "fit")
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,190 @@
+"""Pair benchmark of the semantic cache (``kvtoll bench semantic``).
+
+Every ``text_a`` goes into a fresh cache (one tenant, one partition) as if it had
+been answered; every ``text_b`` is then looked up through the real service (real
+embedder, FAISS, verifier), one at a time. A hit is correct only if it returns the
+entry of its own pair (the entry holding that pair's ``text_a``; identical
+``text_a`` strings share one entry) and the pair's label is 1.
+
+Peer in the same run: GPTCache's default policy, a hit when the nearest cached
+prompt's cosine similarity is >= 0.8, on the same embeddings without the verifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from proxy.semantic.embedder import SentenceTransformerEmbedder
+from proxy.semantic.keys import CacheKey
+from proxy.semantic.service import SemanticCache, SemanticConfig
+from proxy.semantic.stats import LookupResult
+from proxy.semantic.store import EntryId, InMemoryStore, StoreConfig
+from proxy.semantic.verifier import LogisticVerifier, load_weights
+
+GPTCACHE_DEFAULT_THRESHOLD = 0.8
+BENCH_TENANT = "bench"
+
+
+@dataclass(frozen=True)
+class Pair:
+    text_a: str
+    text_b: str
+    label: int
+
+
+def qqp_split(text_a: str, text_b: str) -> str:
+    """The verifier's training split of a pair: ``heldout`` (20 %), ``calib`` or ``fit``."""
+    h = int(hashlib.sha1(f"{text_a}\t{text_b}".encode()).hexdigest()[:8], 16) % 100
+    return "heldout" if h < 20 else ("calib" if h < 32 else "fit")
+
+
+def read_pairs(path: Path) -> list[Pair]:
+    """Rows ``{text_a, text_b, label}``; ValueError names the first bad line."""
+    pairs: list[Pair] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: expected an object")
+        a, b, label = row.get("text_a"), row.get("text_b"), row.get("label")
+        if not isinstance(a, str) or not isinstance(b, str) or not a.strip() or not b.strip():
+            raise ValueError(f"{path}:{number}: text_a and text_b must be non-empty strings")
+        if label not in (0, 1) or isinstance(label, bool):
+            raise ValueError(f"{path}:{number}: label must be 0 or 1")
+        pairs.append(Pair(a, b, int(label)))
+    if not pairs:
+        raise ValueError(f"{path}: no pairs")
+    return pairs
+
+
+def _body(text: str) -> dict[str, Any]:
+    return {"model": "bench", "temperature": 0, "messages": [{"role": "user", "content": text}]}
+
+
+def _answer(text: str) -> dict[str, Any]:
+    message = {"role": "assistant", "content": f"answer to: {text}"}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+
+def _pct(values: Sequence[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        "p50": round(float(np.percentile(arr, 50)), 3),
+        "p99": round(float(np.percentile(arr, 99)), 3),
+    }
+
+
+async def _fill(
+    cache: SemanticCache, embedder: SentenceTransformerEmbedder, pairs: list[Pair]
+) -> dict[EntryId, set[int]]:
+    vectors = embedder.embed_batched([p.text_a for p in pairs])
+    owners: dict[EntryId, set[int]] = {}
+    for i, (pair, vector) in enumerate(zip(pairs, vectors, strict=True)):
+        key = cache.key_for(BENCH_TENANT, _body(pair.text_a))
+        assert isinstance(key, CacheKey)
+        entry_id = await cache.store_embedded(key, _answer(pair.text_a), vector)
+        if entry_id is None:
+            raise RuntimeError("the in-memory store refused an entry")
+        owners.setdefault(entry_id, set()).add(i)
+    return owners
+
+
+def _peer(
+    embedder: SentenceTransformerEmbedder, pairs: list[Pair], queries: list[int]
+) -> dict[str, Any]:
+    """GPTCache-style: nearest text_a by cosine, hit at >= 0.8, no verifier."""
+    a = embedder.embed_batched([p.text_a for p in pairs])
+    b = embedder.embed_batched([pairs[i].text_b for i in queries])
+    texts = [p.text_a for p in pairs]
+    hits = correct = 0
+    for start in range(0, len(queries), 512):
+        sims = b[start : start + 512] @ a.T
+        best = sims.argmax(axis=1)
+        for row, j in enumerate(best.tolist()):
+            i = queries[start + row]
+            if sims[row, j] >= GPTCACHE_DEFAULT_THRESHOLD:
+                hits += 1
+                correct += int(texts[j] == pairs[i].text_a and pairs[i].label == 1)
+    positives = sum(pairs[i].label for i in queries)
+    return _summary(hits, correct, positives, len(queries)) | {
+        "policy": "cosine >= 0.8 on the same embedder, no verifier (GPTCache default)"
+    }
+
+
+def _summary(hits: int, correct: int, positives: int, queries: int) -> dict[str, Any]:
+    return {
+        "precision": round(correct / hits, 4) if hits else None,
+        "recall": round(correct / positives, 4) if positives else None,
+        "hit_rate": round(hits / queries, 4),
+        "hits": hits,
+        "correct_hits": correct,
+        "false_hits": hits - correct,
+    }
+
+
+async def run_pair_bench(
+    pairs: list[Pair], *, threshold: float | None, heldout_only: bool, candidates: int
+) -> dict[str, Any]:
+    """Fill, query, and summarise (see the module docstring)."""
+    embedder = SentenceTransformerEmbedder()
+    verifier = LogisticVerifier(load_weights())
+    store = InMemoryStore(StoreConfig(capacity_per_tenant=max(1, len(pairs))))
+    cache = SemanticCache(embedder, store, verifier, SemanticConfig(num_candidates=candidates))
+    owners = await _fill(cache, embedder, pairs)
+    queries = [
+        i
+        for i, p in enumerate(pairs)
+        if not heldout_only or qqp_split(p.text_a, p.text_b) == "heldout"
+    ]
+    results: list[LookupResult] = []
+    for i in queries:
+        results.append(
+            await cache.lookup_detailed(BENCH_TENANT, _body(pairs[i].text_b), threshold=threshold)
+        )
+    await cache.aclose()
+    own_neg = other = correct = 0
+    for i, result in zip(queries, results, strict=True):
+        if result.hit is None:
+            continue
+        own = i in owners.get(result.hit.entry.entry_id, set())
+        correct += int(own and pairs[i].label == 1)
+        own_neg += int(own and pairs[i].label == 0)
+        other += int(not own)
+    hits = sum(1 for r in results if r.hit is not None)
+    positives = sum(pairs[i].label for i in queries)
+    timings = [r.timing for r in results]
+    return {
+        "pairs": len(pairs),
+        "queries": len(queries),
+        "query_split": "qqp heldout (never trained on)" if heldout_only else "all",
+        "positives": positives,
+        "threshold": threshold if threshold is not None else verifier.default_threshold,
+        **_summary(hits, correct, positives, len(queries)),
+        "false_hits_own_pair_label_0": own_neg,
+        "false_hits_other_entry": other,
+        "verifier_rejections": cache.stats.rejections,
+        "latency_ms": {
+            "embed": _pct([t.embed_ms for t in timings]),
+            "search": _pct([t.search_ms for t in timings]),
+            "verify": _pct([t.verify_ms for t in timings]),
+            "total": _pct([t.total_ms for t in timings]),
+        },
+        "peer_gptcache_similarity_0.8": _peer(embedder, pairs, queries),
+    }
+
+
+def run_pair_bench_sync(pairs: list[Pair], **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_pair_bench` from synchronous code (the CLI)."""
+    return asyncio.run(run_pair_bench(pairs, **kwargs))
