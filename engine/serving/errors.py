@@ -132,9 +132,34 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise OpenAIError("The JSON body is nested too deeply", code="invalid_json") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise OpenAIError(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise OpenAIError("The request body must be a JSON object", code="invalid_json")
+    _reject_lone_surrogates(data)
     return data
+
+
+def _reject_lone_surrogates(data: object) -> None:
+    """``"\\ud800"`` is valid JSON but no valid text: refuse it like invalid UTF-8."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise OpenAIError(
+                    "The request body contains an unpaired UTF-16 surrogate escape",
+                    code="invalid_encoding",
+                ) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 async def read_body_bytes(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:

@@ -153,6 +153,9 @@ def test_strip_client_salt_drops_only_salt_fields() -> None:
         (b"[1, 2]", "invalid_json"),
         (b'{"a": "\xff\xfe"}', "invalid_encoding"),
         (b"[" * 100_000 + b"]" * 100_000, "invalid_json"),
+        (b'{"seed": 1' + b"0" * 5000 + b"}", "invalid_json"),
+        (b'{"messages": [{"content": "\\ud800"}]}', "invalid_encoding"),
+        (b'{"a": 1}{"b": 2}', "invalid_json"),
     ],
 )
 def test_decode_json_body_rejects_malformed_input(raw: bytes, code: str) -> None:

@@ -218,6 +218,11 @@ BAD_JSON_BODIES = [
     ),
     (b'{"model": "fake-model", "messages": [], "temperature": NaN}', "invalid_json"),
     (b"[]", "invalid_json"),
+    (
+        b'{"model": "fake-model", "messages": [{"role": "user", "content": "\\udc00"}]}',
+        "invalid_encoding",
+    ),
+    (b'{"model": "fake-model", "messages": [], "seed": 1' + b"0" * 5000 + b"}", "invalid_json"),
     (b"", "invalid_json"),
 ]
 
