@@ -251,55 +251,15 @@ def bench_rope_write(cfg: BenchConfig, num_tokens: int) -> dict[str, Any]:
     return {"num_tokens": num_tokens, **rows}
 
 
-def bench_engine(backend: str, args: argparse.Namespace, cfg: BenchConfig) -> dict[str, Any]:
-    """nano-vllm's recipe: random prompts and output lengths, ignore_eos, temperature 0.6."""
-    from engine.api import GenerationRequest, SamplingParams
-    from engine.config import TINY_MODEL, EngineConfig
-    from engine.factory import build_llm_engine
+def engine_plan(args: argparse.Namespace, cfg: BenchConfig) -> Any:
+    from kernel_engine import EnginePlan
 
-    engine_cfg = EngineConfig(
-        model=TINY_MODEL if cfg.smoke else args.model, dtype="float32" if cfg.smoke else "bfloat16",
-        device=cfg.device, block_size=cfg.block_size, kv_cache_bytes=args.kv_cache_gib << 30,
+    return EnginePlan(
+        model=None if cfg.smoke else args.model, smoke=cfg.smoke, device=cfg.device,
+        block_size=cfg.block_size, kv_cache_gib=args.kv_cache_gib,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=2 * args.max_len, attention_backend=backend,
+        num_requests=args.engine_requests, min_len=args.min_len, max_len=args.max_len,
     )  # fmt: skip
-    llm = build_llm_engine(engine_cfg)
-    gen = torch.Generator().manual_seed(0)
-
-    def randint(lo: int, hi: int) -> int:
-        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-    def prompt() -> tuple[int, ...]:
-        length = randint(args.min_len, args.max_len)
-        return tuple(torch.randint(3, llm.limits.vocab_size, (length,), generator=gen).tolist())
-
-    requests = [
-        GenerationRequest(
-            f"r{i}",
-            prompt(),
-            SamplingParams(
-                max_tokens=randint(args.min_len, args.max_len),
-                temperature=0.6,
-                ignore_eos=True,
-                seed=i,
-            ),
-        )
-        for i in range(args.engine_requests)
-    ]
-    llm.generate_sync([GenerationRequest("warmup", (5, 6, 7), SamplingParams(max_tokens=4))])
-    start = time.perf_counter()
-    llm.generate_sync(requests)
-    if cfg.device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    out_tokens = sum(r.sampling.max_tokens for r in requests)
-    return {
-        "backend": backend,
-        "requests": len(requests),
-        "output_tokens": out_tokens,
-        "seconds": round(seconds, 2),
-        "tokens_per_s": round(out_tokens / seconds, 1),
-    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -365,11 +325,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log("fused rope + kv write")
         result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
     if not args.skip_engine:
+        from kernel_engine import bench_engine
+
         result["engine"] = []
         for backend in ("triton", "torch"):
             log(f"engine backend={backend}")
             try:
-                result["engine"].append(bench_engine(backend, args, cfg))
+                result["engine"].append(bench_engine(backend, engine_plan(args, cfg)))
             except Exception as exc:  # report it, keep the kernel figures
                 error = f"{type(exc).__name__}: {exc}"[:300]
                 result["engine"].append({"backend": backend, "error": error})

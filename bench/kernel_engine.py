@@ -1,0 +1,71 @@
+"""The engine end to end for bench/kernels.py, with nano-vllm's recipe: random prompt
+token ids and output lengths in [min_len, max_len], ignore_eos, temperature 0.6, all
+requests submitted at once; throughput = output tokens / wall seconds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.api import GenerationRequest, SamplingParams
+from engine.config import TINY_MODEL, EngineConfig
+from engine.factory import build_llm_engine
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    model: str | None  # None: the bundled SmolLM2 GGUF
+    smoke: bool  # tiny random model in float32 (CPU check of the script)
+    device: str
+    block_size: int
+    kv_cache_gib: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_requests: int
+    min_len: int
+    max_len: int
+
+
+def nano_vllm_requests(plan: EnginePlan, vocab_size: int) -> list[GenerationRequest]:
+    """Seeded random requests: prompt and output lengths uniform in [min_len, max_len]."""
+    gen = torch.Generator().manual_seed(0)
+
+    def randint(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    requests = []
+    for i in range(plan.num_requests):
+        length = randint(plan.min_len, plan.max_len)
+        prompt = tuple(torch.randint(3, vocab_size, (length,), generator=gen).tolist())
+        sampling = SamplingParams(
+            max_tokens=randint(plan.min_len, plan.max_len), temperature=0.6, ignore_eos=True,
+            seed=i,
+        )  # fmt: skip
+        requests.append(GenerationRequest(f"r{i}", prompt, sampling))
+    return requests
+
+
+def bench_engine(backend: str, plan: EnginePlan) -> dict[str, Any]:
+    """Output tokens per second of the synchronous engine with ``backend``."""
+    config = EngineConfig(
+        model=TINY_MODEL if plan.smoke else plan.model,
+        dtype="float32" if plan.smoke else "bfloat16",
+        device=plan.device, block_size=plan.block_size, kv_cache_bytes=plan.kv_cache_gib << 30,
+        max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
+        max_model_len=2 * plan.max_len, attention_backend=backend,
+    )  # fmt: skip
+    llm = build_llm_engine(config)
+    requests = nano_vllm_requests(plan, llm.limits.vocab_size)
+    llm.generate_sync([GenerationRequest("warmup", (5, 6, 7), SamplingParams(max_tokens=4))])
+    start = time.perf_counter()
+    llm.generate_sync(requests)
+    if plan.device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    out_tokens = sum(r.sampling.max_tokens for r in requests)
+    rate = round(out_tokens / seconds, 1)
+    return {"backend": backend, "requests": len(requests), "output_tokens": out_tokens,
+            "seconds": round(seconds, 2), "tokens_per_s": rate}  # fmt: skip
