@@ -3,8 +3,9 @@
 The caller builds the expensive parts (settings, database session factory, upstreams,
 optional semantic cache and router) and hands them in; the factory wires auth,
 admission, rate limiting, metering with its outbox, metrics and routes around them.
-Startup replays the outbox (usage left by a crashed process) and starts two
-background loops: outbox replay and upstream health checks. Shutdown stops them and
+Startup drains the usage outbox (entries left by a crashed process) and starts two
+background loops: the outbox drainer (:mod:`proxy.metering`) and upstream health
+checks. Shutdown stops them and
 closes the upstreams, the rate limiter and the outbox.
 """
 
@@ -95,10 +96,10 @@ def create_app(
         raise ValueError("at least one model name is required")
     config = config or ProxyConfig()
     metrics = ProxyMetrics.create()
-    outbox = Outbox.in_dir(settings.data_dir)
+    outbox = Outbox.in_dir(settings.data_dir, fsync_every_put=config.outbox_fsync)
     metrics.outbox_depth.set(outbox.depth())
     meter = Meter(session_factory, outbox, metrics,
-                  db_retry_after_failure_s=config.db_retry_after_failure_s)
+                  retry_interval_s=config.ledger_retry_interval_s)
     pool = UpstreamPool(upstreams, metrics)
     limiter = limiter or _limiter(settings, config, metrics, ratelimit_prefix)
     authenticator = KeyAuthenticator(
@@ -140,9 +141,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def _running(state: ProxyState) -> AsyncIterator[None]:
-    await state.meter.replay()  # usage a previous process left in the outbox
+    await state.meter.drain()  # usage a previous process left in the outbox
     tasks: list[asyncio.Task[Any]] = [
-        asyncio.create_task(state.meter.run_replayer(state.config.outbox_replay_interval_s)),
+        asyncio.create_task(state.meter.run_drainer()),
         asyncio.create_task(state.pool.run_health_checks(state.config.health_check_interval_s)),
     ]
     try:

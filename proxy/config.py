@@ -46,6 +46,6 @@ class ProxyConfig:
     auth_cache_size: int = 10_000
     upstream_first_byte_timeout_s: float = 60.0
     upstream_idle_timeout_s: float = 60.0
-    outbox_replay_interval_s: float = 2.0
-    db_retry_after_failure_s: float = 2.0  # while the DB is failing, meter to the outbox
+    ledger_retry_interval_s: float = 2.0  # outbox drain retries while the DB is failing
+    outbox_fsync: bool = False  # fsync every usage record (survives power loss, slower)
     health_check_interval_s: float = 5.0

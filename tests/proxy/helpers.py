@@ -100,3 +100,12 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def settled_rows(factory: sessionmaker[Session], count: int) -> list[UsageRecord]:
+    """The ledger rows once exactly ``count`` have been written (the outbox drains in the
+    background, milliseconds after each response)."""
+    wait_until(lambda: ledger_count(factory) >= count, f"{count} ledger rows")
+    rows = ledger_rows(factory)
+    assert len(rows) == count, [r.request_id for r in rows]
+    return rows

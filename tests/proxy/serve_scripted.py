@@ -20,7 +20,7 @@ def main(database_url: str, data_dir: str, port: int) -> None:
     settings = load_settings(database_url=database_url, admin_token=ADMIN_TOKEN,
                              secret="test-server-secret", data_dir=data_dir, redis_url=None)
     factory = session_factory(make_engine(database_url))
-    config = ProxyConfig(outbox_replay_interval_s=0.1, db_retry_after_failure_s=0.1)
+    config = ProxyConfig(ledger_retry_interval_s=0.1)
     app = build_app(settings, factory, upstreams=[ScriptedUpstream()], config=config)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from proxy.config import AdmissionLimits, ProxyConfig
 from proxy.settings import Settings
-from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, ledger_count
+from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 
 CHAT = "/v1/chat/completions"
@@ -86,7 +86,7 @@ def test_bad_bodies(http: httpx.Client, db: sessionmaker[Session], case: str, bo
     response = http.post(CHAT, content=body, headers={"content-type": "application/json"})
     assert _assert_openai_error(response, status)["code"] == code
     assert http.post(CHAT, json=GOOD).status_code == 200
-    assert ledger_count(db) == 1
+    settled_rows(db, 1)
 
 
 @pytest.mark.parametrize(("case", "body", "status", "param"), BAD_FIELDS,
@@ -97,7 +97,7 @@ def test_bad_fields(http: httpx.Client, db: sessionmaker[Session], case: str,
     if param is not None:
         assert error["param"] == param
     assert http.post(CHAT, json=GOOD).status_code == 200
-    assert ledger_count(db) == 1
+    settled_rows(db, 1)
 
 
 def test_bad_completion_prompts(http: httpx.Client) -> None:

@@ -26,6 +26,7 @@ from tests.proxy.helpers import (
     ledger_count,
     ledger_rows,
     seed,
+    settled_rows,
     wait_until,
 )
 from tests.proxy.scripted import ScriptedUpstream
@@ -68,7 +69,8 @@ def test_kill_9_loses_no_usage(
     port = free_port()
     proc = _start(url, tmp_path / "data", port)
     try:
-        answered = [_post(port, tenants.key_a) for _ in range(2)]  # straight to the ledger
+        answered = [_post(port, tenants.key_a) for _ in range(2)]
+        settled_rows(direct, 2)
         proxy.stop()
         answered += [_post(port, tenants.key_a) for _ in range(4)]  # into the outbox
         proc.send_signal(signal.SIGKILL)

@@ -18,13 +18,14 @@ from tests.proxy.helpers import (
     ledger_count,
     ledger_rows,
     seed,
+    settled_rows,
     wait_until,
 )
 from tests.proxy.scripted import ScriptedUpstream
 from tests.proxy.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
-FAST = ProxyConfig(outbox_replay_interval_s=0.1, db_retry_after_failure_s=0.1)
+FAST = ProxyConfig(ledger_retry_interval_s=0.1)
 
 
 def test_pg_outage_during_traffic(
@@ -56,7 +57,7 @@ def test_pg_outage_during_traffic(
 
         for _ in range(3):
             chat()
-        assert ledger_count(direct) == 3
+        settled_rows(direct, 3)
 
         proxy.stop()  # the database is now unreachable for the gateway
         for i in range(6):

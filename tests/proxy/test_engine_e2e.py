@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.factory import build_engine
 from proxy.settings import Settings
 from proxy.upstream.inprocess import InProcessUpstream
-from tests.proxy.helpers import LiveServer, Tenants, build_app, ledger_rows, seed
+from tests.proxy.helpers import LiveServer, Tenants, build_app, seed, settled_rows
 
 SYSTEM = "You are a careful assistant for the kvtoll tests. " * 3  # > 8 blocks of 16 bytes
 PRICE_PICO = {"input": 1_000_000, "cached": 500_000, "output": 2_000_000}  # seed(): 1/0.5/2 USD
@@ -64,7 +64,7 @@ def test_repeated_system_prompt_hits_and_bills_cached_price(
     assert (cached1, header1) == (0, "miss")
     assert cached2 > 0 and header2 == "prefix"
     assert cached2 % engine.block_size == 0 and cached2 < prompt2
-    first, second = ledger_rows(db)
+    first, second = settled_rows(db, 2)
     assert (second.prompt_tokens, second.cached_tokens) == (prompt2, cached2)
     for row in (first, second):
         expected = (
@@ -103,6 +103,6 @@ def test_streaming_usage_reports_cached_tokens(
     usage = chunks[-1].usage
     assert usage is not None and usage.prompt_tokens_details is not None
     assert (usage.prompt_tokens_details.cached_tokens or 0) > 0
-    assert ledger_rows(db)[-1].cached_tokens == usage.prompt_tokens_details.cached_tokens
+    assert settled_rows(db, 2)[-1].cached_tokens == usage.prompt_tokens_details.cached_tokens
     completions = client.completions.create(model=engine.model_name, prompt=SYSTEM, max_tokens=3)
     assert completions.usage is not None and completions.usage.completion_tokens <= 3

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus, ServedBy
 from proxy.settings import Settings
-from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, ledger_rows
+from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 
 
@@ -41,7 +41,7 @@ def test_chat_and_headers(
     assert chat.usage.prompt_tokens_details.cached_tokens == 0
     assert raw.headers["x-kvtoll-cache"] == "miss"
     assert raw.headers["x-kvtoll-worker"] == "scripted-0"
-    [row] = ledger_rows(db)
+    [row] = settled_rows(db, 1)
     assert row.request_id == raw.headers["x-kvtoll-request-id"]
     assert (row.tenant_id, row.api_key_id) == (tenants.tenant_a, tenants.key_a_id)
     assert (row.status, row.served_by) == (RequestStatus.OK, ServedBy.ENGINE)
@@ -67,7 +67,7 @@ def test_streaming_with_usage(client: openai.OpenAI, db: sessionmaker[Session]) 
     assert text == "word0 word1 word2 word3 "
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.total_tokens == 7 + 4
-    assert [r.completion_tokens for r in ledger_rows(db)] == [4]
+    assert [r.completion_tokens for r in settled_rows(db, 1)] == [4]
 
 
 def test_streaming_completions_without_usage(client: openai.OpenAI) -> None:
