@@ -11,18 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from redis.asyncio import Redis
 
+from engine.kv.hashing import hash_prompt_blocks
 from proxy.routing.events import EventFeeds, RedisEventConsumer
 from proxy.routing.policy import Policy, make_policy
 from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.router import PrefixRouter, RoutePlan
 from proxy.routing.types import WorkerId
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
+
+BYTES_PER_TOKEN = 4  # for prompts known only as text
+
+
+def prompt_bytes(body: dict[str, Any]) -> bytes:
+    """A prefix-stable byte rendering of a request's prompt: chat messages one JSON
+    line each (an earlier turn's rendering is a prefix of the next turn's), or the
+    completion prompt's UTF-8 (empty for several prompts)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return b"".join(json.dumps(m, sort_keys=True).encode() + b"\n" for m in messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt.encode() if isinstance(prompt, str) else b""
 
 
 def routing_key_of(request: UpstreamRequest) -> str:
@@ -56,15 +74,30 @@ class RoutingHook:
         if not names:  # every candidate looks down to the registry: rank them anyway
             names, down = [WorkerId(u.name) for u in candidates], set()
         key = routing_key_of(request)
-        if request.prompt_token_ids is None:
-            plan = self.router.plan_blocks((), 0, key, only=names)
-        else:
+        if request.prompt_token_ids is not None:
             plan = self.router.plan(request.prompt_token_ids, request.salt, key, only=names)
+        else:
+            plan = self._plan_text(request, key, names)
         if plan.choices:
             self.router.dispatched(request.request_id, plan, plan.choices[0].worker_id)
             self._remember(request.request_id, plan)
         ranked = [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
         return ranked + [u for u in candidates if u.name in down]  # last resort
+
+    def _plan_text(
+        self, request: UpstreamRequest, key: str, names: Sequence[WorkerId]
+    ) -> RoutePlan:
+        """No token ids (a remote server whose tokenizer the gateway lacks): hash the
+        prompt's bytes in blocks of ``4 × block_size`` (≈ ``block_size`` tokens). Such
+        hashes never match a worker's KV events, but they give the approximate index
+        (servers without events) real prefix affinity."""
+        text = prompt_bytes(request.body)
+        if not text:
+            return self.router.plan_blocks((), 0, key, only=names)
+        size = self.router.block_size * BYTES_PER_TOKEN
+        hashes = hash_prompt_blocks(list(text), size, request.salt)
+        num_tokens = -(-len(text) // BYTES_PER_TOKEN)
+        return self.router.plan_blocks(hashes, num_tokens, key, only=names)
 
     def _known_down(self) -> set[str]:
         if self._registry is None:
