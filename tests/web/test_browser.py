@@ -98,8 +98,9 @@ def site(sqlite_web_factory: sessionmaker[Session], settings: Settings) -> Itera
     thread.join(timeout=10)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """One Chromium for the module (each test opens its own context: no shared cookies)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
