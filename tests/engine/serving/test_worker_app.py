@@ -25,7 +25,7 @@ def engine() -> FakeEngine:
 
 @pytest.fixture
 async def client(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    app = build_worker_app(engine, WorkerConfig(max_body_bytes=4096))
+    app = build_worker_app(engine, WorkerConfig(max_body_bytes=8192))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://worker") as c:
         yield c
@@ -279,7 +279,7 @@ async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
 
 
 async def test_oversized_body_is_413(client: httpx.AsyncClient) -> None:
-    resp = await client.post("/v1/chat/completions", json=_chat(user="u" * 5000))
+    resp = await client.post("/v1/chat/completions", json=_chat(user="u" * 10_000))
     assert _assert_error(resp, 413)["code"] == "request_too_large"
 
 
