@@ -53,8 +53,6 @@ def routing_command(
     policies = list(POLICY_NAMES) if policy == "all" else [policy]
     if policy != "all" and policy not in POLICY_NAMES:
         fail(f"unknown policy {policy!r}; expected one of {', '.join(POLICY_NAMES)} or all")
-    if limit is not None and limit <= 0:
-        fail("--limit must be positive")
     try:
         config = SimConfig(
             num_workers=workers,
@@ -64,6 +62,14 @@ def routing_command(
         )
     except ValueError as exc:
         fail(str(exc))
+    results = run_routing_bench(_read_trace(trace, limit), config, policies)
+    typer.echo(json.dumps(results if policy == "all" else results[policy]))
+
+
+def _read_trace(trace: Path, limit: int | None) -> list[TraceRequest]:
+    """The trace's requests, or a one-line error (exit 2) for a caller's mistake."""
+    if limit is not None and limit <= 0:
+        fail("--limit must be positive")
     if not trace.is_file():
         fail(f"trace file not found: {trace}")
     try:
@@ -72,5 +78,4 @@ def routing_command(
         fail(str(exc))
     if not requests:
         fail(f"trace file has no requests: {trace}")
-    results = run_routing_bench(requests, config, policies)
-    typer.echo(json.dumps(results if policy == "all" else results[policy]))
+    return requests
