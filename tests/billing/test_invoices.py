@@ -191,3 +191,38 @@ def test_cli_refuses_a_database_that_is_not_there(
     result = CliRunner().invoke(_cli(), ["invoice", "generate", "--period", "2026-01"])
     assert result.exit_code == 2 and "kvtoll db upgrade" in result.output
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_concurrent_closes_make_one_invoice(postgres_url: str) -> None:
+    import threading
+
+    from billing.db import make_engine, session_factory
+    from billing.migrate import upgrade
+
+    upgrade(postgres_url)
+    engine = make_engine(postgres_url)
+    factory = session_factory(engine)
+    with factory.begin() as session:
+        set_price(session, "m", "1", "0.5", "4", "0.1",
+                  effective_from=datetime(2025, 1, 1, tzinfo=UTC))
+        tenant = create_tenant(session, "racer")
+    write_usage(factory, _entry(tenant, datetime(2026, 1, 3, tzinfo=UTC),
+                                prompt=5, cached=0, completion=1))
+    ids: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def close() -> None:
+        barrier.wait()
+        with factory.begin() as session:
+            ids.append(close_period(session, tenant, JAN).id)
+
+    threads = [threading.Thread(target=close) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with factory() as session:
+        doc = load_document(session, ids[0], None)
+    engine.dispose()
+    assert len(ids) == 4 and len(set(ids)) == 1
+    assert doc.total_pico == 5 * 10**6 + 4 * 10**6
