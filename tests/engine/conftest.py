@@ -48,5 +48,16 @@ def hf_twin(loaded: LoadedModel) -> HFGreedy:
 
 
 @pytest.fixture(scope="session")
+def real_model() -> LoadedModel:
+    """The bundled SmolLM2-135M-Instruct GGUF, dequantized, float32 (a few seconds)."""
+    return load_model(EngineConfig(dtype="float32"))
+
+
+@pytest.fixture(scope="session")
+def real_hf(real_model: LoadedModel) -> HFGreedy:
+    return hf_twin(real_model)
+
+
+@pytest.fixture(scope="session")
 def tiny_hf(tiny_model: LoadedModel) -> HFGreedy:
     return hf_twin(tiny_model)
