@@ -180,7 +180,10 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="How the router gets KV events with Redis: redis or http")
         ] = "redis",
     ) -> None:
-        """Run an engine worker speaking the OpenAI API plus /kv/events and /load."""
+        """Run an engine worker: OpenAI API plus /kv/events and /load for the router.
+
+        An internal service: expose it only to kvtoll proxies (it trusts `cache_salt`).
+        """
         settings = load_settings()
         try:
             config = engine_config(
