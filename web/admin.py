@@ -6,6 +6,7 @@
     GET  /admin/v1/organization/costs              ``tenant=NAME`` filters, ``group_by``
                                                    also accepts ``tenant``
     GET  /admin/v1/invoices[?tenant=NAME]
+    GET  /admin/v1/invoices/{id}
     GET  /admin/v1/invoices/{id}/download?format=
 
 Everything answers 503 while ``Settings.admin_token_problem()`` reports a problem.
@@ -32,7 +33,14 @@ from web.dashboard_data import WorkerRows, admin_context
 from web.errors import ApiError, bad_param
 from web.pages import add_static_route, render_page, template_environment
 from web.params import picked_range, range_fields
-from web.usage_api import ResultFn, bucketed_answer, download_answer, guarded, invoice_list_answer
+from web.usage_api import (
+    ResultFn,
+    bucketed_answer,
+    detail_answer,
+    download_answer,
+    guarded,
+    invoice_list_answer,
+)
 
 STATIC_PREFIX = "/admin/static"
 ADMIN_GROUPS = (GroupBy.TENANT, GroupBy.MODEL, GroupBy.API_KEY)
@@ -74,6 +82,14 @@ def _add_api_routes(
             auth.require(request)
             tenant_id = _tenant_filter(factory, tenant)
             return invoice_list_answer(factory, tenant_id, "/admin/v1/invoices", True)
+
+        return guarded(body)
+
+    @router.get("/admin/v1/invoices/{invoice_id}")
+    def invoice(request: Request, invoice_id: str) -> Response:
+        def body() -> Response:
+            auth.require(request)
+            return detail_answer(factory, invoice_id, None)
 
         return guarded(body)
 

@@ -3,6 +3,7 @@
     GET /v1/organization/usage/completions   buckets of token and request counts
     GET /v1/organization/costs               buckets of billed and list amounts
     GET /v1/invoices                         closed invoices
+    GET /v1/invoices/{id}                    one invoice with its lines (JSON)
     GET /v1/invoices/{id}/download?format=   csv | json | pdf
 
 Every query is scoped to the caller's tenant (from the key or the session
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -20,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import NotFound
-from billing.invoice_export import ExportFormat, load_document, render
+from billing.invoice_export import ExportFormat, load_document, render, to_json
 from billing.invoices import list_invoices
 from billing.models import Tenant
 from billing.usage import GroupBy, UsageQuery
@@ -86,21 +88,34 @@ def invoice_list_answer(
     return ExactJSONResponse({"object": "list", "data": data, "has_more": False})
 
 
+def _document(factory: sessionmaker[Session], invoice_id: str, tenant_id: int | None) -> Any:
+    if not invoice_id.isdigit():
+        raise not_found(f"unknown invoice {invoice_id!r}")
+    try:
+        with factory() as session:
+            return load_document(session, int(invoice_id), tenant_id)
+    except NotFound as exc:
+        raise not_found(str(exc)) from None
+
+
+def detail_answer(
+    factory: sessionmaker[Session], invoice_id: str, tenant_id: int | None
+) -> Response:
+    """One invoice with its lines, as JSON (the same document as the JSON export)."""
+    doc = _document(factory, invoice_id, tenant_id)
+    return Response(to_json(doc), media_type="application/json",
+                    headers={"Cache-Control": "no-store"})
+
+
 def download_answer(
     factory: sessionmaker[Session], invoice_id: str, fmt: str | None, tenant_id: int | None
 ) -> Response:
     """One invoice export as an attachment; 404 if not visible to ``tenant_id``."""
-    if not invoice_id.isdigit():
-        raise not_found(f"unknown invoice {invoice_id!r}")
     try:
         kind = ExportFormat((fmt or "pdf").lower())
     except ValueError:
         raise bad_param("format", "format must be csv, json or pdf") from None
-    try:
-        with factory() as session:
-            doc = load_document(session, int(invoice_id), tenant_id)
-    except NotFound as exc:
-        raise not_found(str(exc)) from None
+    doc = _document(factory, invoice_id, tenant_id)
     name = f"{doc.filename_stem}.{kind.value}"
     return Response(
         render(doc, kind), media_type=kind.media_type,
@@ -143,6 +158,14 @@ def build_usage_api_router(
         def body() -> Response:
             tenant_id = auth.require(request).tenant_id
             return invoice_list_answer(session_factory, tenant_id, "/v1/invoices", False)
+
+        return guarded(body)
+
+    @router.get("/v1/invoices/{invoice_id}")
+    def invoice(request: Request, invoice_id: str) -> Response:
+        def body() -> Response:
+            tenant_id = auth.require(request).tenant_id
+            return detail_answer(session_factory, invoice_id, tenant_id)
 
         return guarded(body)
 

@@ -140,6 +140,12 @@ def test_tenants_never_see_each_other(world: dict) -> None:
         )
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "not_found"
+    assert client.get(f"/v1/invoices/{beta_invoice}",
+                      headers={"Authorization": f"Bearer {alpha.first_key}"}).status_code == 404
+    detail = _get(client, f"/v1/invoices/{beta_invoice}", beta.first_key)
+    with factory() as session:
+        billed, _ = ledger_money(session, beta.tenant_id, JAN, FEB)
+    assert detail["total_pico"] == billed == sum(line["amount_pico"] for line in detail["lines"])
     own = client.get(f"/v1/invoices/{beta_invoice}/download", params={"format": "csv"},
                      headers={"Authorization": f"Bearer {beta.first_key}"})
     assert own.status_code == 200 and "beta" in own.text
