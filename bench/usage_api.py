@@ -43,6 +43,7 @@ from web.app import create_web_app
 START = datetime(2026, 1, 1, tzinfo=UTC)
 DAYS = 90
 MONTH = (datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 3, 1, tzinfo=UTC))
+ADMIN_TOKEN = "bench-admin-token-0123456789"
 MODELS = ("smollm2-135m", "big-model", "mid-model")
 COLUMNS = (
     "request_id, tenant_id, api_key_id, model, served_by, status, prompt_tokens, cached_tokens,"
@@ -112,7 +113,10 @@ def _load(url: str, layout: list, count: int) -> float:
     return time.perf_counter() - began
 
 
-async def _time_route(app: Any, key: str, params: dict, repeats: int) -> list[float]:
+async def _time_route(
+    app: Any, key: str, params: dict, repeats: int,
+    path: str = "/v1/organization/usage/completions",
+) -> list[float]:
     """Latency of every call in ms; the first call finds the bucket cache cold."""
     transport = httpx.ASGITransport(app=app)
     headers = {"Authorization": f"Bearer {key}"}
@@ -120,8 +124,7 @@ async def _time_route(app: Any, key: str, params: dict, repeats: int) -> list[fl
     async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
         for _ in range(repeats):
             began = time.perf_counter()
-            response = await client.get("/v1/organization/usage/completions", params=params,
-                                        headers=headers)
+            response = await client.get(path, params=params, headers=headers)
             elapsed = time.perf_counter() - began
             response.raise_for_status()
             samples.append(elapsed * 1000)
@@ -211,12 +214,15 @@ def run(base_url: str, rows: int, tenants: int, repeats: int) -> dict[str, Any]:
                      " AND created_at >= :a AND created_at < :b"),
                 {"t": busiest, "a": MONTH[0], "b": MONTH[1]},
             ).scalar_one()
-        settings = load_settings(secret="bench-secret", admin_token="bench-admin-token-0123456789")
+        settings = load_settings(secret="bench-secret", admin_token=ADMIN_TOKEN)
         app = create_web_app(settings, factory)
         params = {"start_time": int(MONTH[0].timestamp()), "end_time": int(MONTH[1].timestamp()),
                   "bucket_width": "1d", "limit": 31}
         route = asyncio.run(_time_route(app, key, params, repeats + 1))
         grouped = asyncio.run(_time_route(app, key, {**params, "group_by": "model"}, repeats + 1))
+        admin_route = asyncio.run(_time_route(
+            app, ADMIN_TOKEN, params, 5, "/admin/v1/organization/usage/completions"
+        ))
         _late_row(url, layout)
         after_late = asyncio.run(_time_route(app, key, params, 1))
         result = {
@@ -230,6 +236,7 @@ def run(base_url: str, rows: int, tenants: int, repeats: int) -> dict[str, Any]:
             "route_month_by_day_group_by_model_cold_cache_ms": round(grouped[0], 1),
             "route_month_by_day_group_by_model": _summary(grouped[1:]),
             "route_after_one_late_row_ms": round(after_late[0], 1),
+            "admin_route_all_tenants_month_by_day": _summary(admin_route),
             "peer_sql_aggregate_only": _summary(_time_sql(factory, busiest, repeats)),
             "peer_naive_python_aggregation_ms": round(_time_naive(factory, busiest), 1),
             "plan": _plan(factory, busiest),
