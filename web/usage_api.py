@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -22,7 +21,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.errors import NotFound
-from billing.invoice_export import ExportFormat, load_document, render, to_json
+from billing.invoice_export import (
+    ExportFormat,
+    InvoiceDocument,
+    load_document,
+    render,
+    to_json,
+)
 from billing.invoices import list_invoices
 from billing.models import Tenant
 from billing.usage import GroupBy, UsageQuery
@@ -34,6 +39,7 @@ from web.errors import ApiError, bad_param, not_found
 from web.params import parse_bucket_page, parse_group_by
 
 TENANT_GROUPS = (GroupBy.MODEL, GroupBy.API_KEY)
+MAX_INVOICE_ID = 2**31 - 1  # the column is a 32-bit integer
 ResultFn = Callable[..., dict]
 
 
@@ -88,8 +94,10 @@ def invoice_list_answer(
     return ExactJSONResponse({"object": "list", "data": data, "has_more": False})
 
 
-def _document(factory: sessionmaker[Session], invoice_id: str, tenant_id: int | None) -> Any:
-    if not invoice_id.isdigit():
+def _document(
+    factory: sessionmaker[Session], invoice_id: str, tenant_id: int | None
+) -> InvoiceDocument:
+    if not invoice_id.isdigit() or int(invoice_id) > MAX_INVOICE_ID:
         raise not_found(f"unknown invoice {invoice_id!r}")
     try:
         with factory() as session:

@@ -146,6 +146,10 @@ def test_tenants_never_see_each_other(world: dict) -> None:
     with factory() as session:
         billed, _ = ledger_money(session, beta.tenant_id, JAN, FEB)
     assert detail["total_pico"] == billed == sum(line["amount_pico"] for line in detail["lines"])
+    for bogus in ("abc", "99999999999999999999", "-1"):
+        response = client.get(f"/v1/invoices/{bogus}",
+                              headers={"Authorization": f"Bearer {beta.first_key}"})
+        assert response.status_code == 404
     own = client.get(f"/v1/invoices/{beta_invoice}/download", params={"format": "csv"},
                      headers={"Authorization": f"Bearer {beta.first_key}"})
     assert own.status_code == 200 and "beta" in own.text
