@@ -176,6 +176,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_latency(direct: str, proxied: str, key: str, requests: int) -> dict[str, Any]:
     """Interleaved sequential requests; milliseconds."""
     times: dict[str, list[float]] = {"direct": [], "proxied": []}
@@ -244,7 +250,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.append(spawn("--serve-gateway", direct, database_url, str(tmp / "data"),
                            str(gw_port)))
         wait_ready(proxied, procs[1])
+        cpu_before = [cpu_seconds(p.pid) for p in procs]
         latency = measure_latency(direct, proxied, key, args.requests)
+        cpu_after = [cpu_seconds(p.pid) for p in procs]
+        per_request = [(a - b) * 1000 / (args.requests + 20) for a, b in zip(cpu_after,
+                                                                           cpu_before,
+                                                                           strict=True)]
+        latency["upstream_cpu_ms_per_request"] = round(per_request[0] / 2, 3)
+        latency["gateway_cpu_ms_per_request"] = round(per_request[1], 3)
         through = asyncio.run(_closed_loop(proxied, key, args.concurrency, args.seconds))
         reference = asyncio.run(_closed_loop(direct, key, args.concurrency, args.seconds))
     finally:

@@ -1,4 +1,8 @@
-"""FastAPI dependency aliases (``Annotated``) used by the thin routes."""
+"""FastAPI dependency aliases (``Annotated``) used by the thin routes.
+
+Cheap dependencies are ``async def``: FastAPI runs a plain ``def`` dependency in a
+worker thread, which costs a thread hop per request on the hot path.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from proxy.settings import Settings
 from proxy.state import ProxyState
 
 
-def get_state(request: Request) -> ProxyState:
+async def get_state(request: Request) -> ProxyState:
     state: ProxyState = request.app.state.kvtoll
     return state
 
@@ -23,7 +27,7 @@ def get_state(request: Request) -> ProxyState:
 StateDep = Annotated[ProxyState, Depends(get_state)]
 
 
-def get_settings(state: StateDep) -> Settings:
+async def get_settings(state: StateDep) -> Settings:
     return state.settings
 
 

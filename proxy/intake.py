@@ -9,6 +9,7 @@ tokens → admission limits → per-key rate limit (429). The result is an immut
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
@@ -93,6 +94,12 @@ class Intake:
         self._metrics = metrics
         self._models = frozenset(models)
         self._context_len = context_len
+        self._random = random.Random()
+
+    def _new_request_id(self) -> str:
+        """A random (version 4) UUID from a PRNG seeded by the OS once: request ids must be
+        unique, not secret, and ``os.urandom`` costs a syscall per call."""
+        return str(uuid.UUID(int=self._random.getrandbits(128), version=4))
 
     async def authenticate(self, authorization: str | None) -> KeyIdentity:
         """The caller's identity; database lookups run in a worker thread."""
@@ -134,7 +141,7 @@ class Intake:
         body["max_tokens"] = admitted.max_tokens
         no_cache, no_store = cache_directives(cache_control)
         return Prepared(
-            request_id=str(uuid.uuid4()), kind=kind, identity=identity, request=request,
+            request_id=self._new_request_id(), kind=kind, identity=identity, request=request,
             body=body, admitted=admitted, prompt=prompt, arrived_at=arrived_at,
             started=started, no_cache=no_cache, no_store=no_store,
         )

@@ -45,7 +45,7 @@ DRAIN_BATCH = 200
 
 def entry_to_json(entry: LedgerEntry) -> dict[str, Any]:
     """A JSON-safe dict of ``entry`` (enums by value, times in ISO 8601 with offset)."""
-    data = dataclasses.asdict(entry)
+    data = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}  # flat: no copy
     data["created_at"] = entry.created_at.isoformat()
     data["served_by"] = ServedBy(entry.served_by).value
     data["status"] = RequestStatus(entry.status).value
@@ -74,12 +74,14 @@ class Meter:
         metrics: ProxyMetrics,
         *,
         retry_interval_s: float = 2.0,
+        batch_delay_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._factory = factory
         self._outbox = outbox
         self._metrics = metrics
         self._retry_s = retry_interval_s
+        self._batch_delay_s = batch_delay_s
         self._clock = clock
         self._db_down_until = 0.0
         self._drain_lock = asyncio.Lock()
@@ -106,17 +108,22 @@ class Meter:
         """Move outbox entries into the ledger until it is empty or the database fails;
         returns how many were moved."""
         async with self._drain_lock:
-            moved = 0
-            while True:
-                batch = await anyio.to_thread.run_sync(self._outbox.peek, DRAIN_BATCH)
-                if not batch:
-                    break
-                done = await anyio.to_thread.run_sync(self._write_batch, batch)
-                moved += done
-                if done < len(batch):
-                    break
-            self._metrics.outbox_depth.set(await anyio.to_thread.run_sync(self._outbox.depth))
+            moved, depth = await anyio.to_thread.run_sync(self._drain_blocking)
+            self._metrics.outbox_depth.set(depth)
             return moved
+
+    def _drain_blocking(self) -> tuple[int, int]:
+        """One worker-thread trip: batches until empty or failing; (moved, depth left)."""
+        moved = 0
+        while True:
+            batch = self._outbox.peek(DRAIN_BATCH)
+            if not batch:
+                break
+            done = self._write_batch(batch)
+            moved += done
+            if done < len(batch):
+                break
+        return moved, self._outbox.depth()
 
     def _write_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> int:
         """Write one batch; returns how many left the outbox (all, or 0 on a DB failure)."""
@@ -153,11 +160,13 @@ class Meter:
         self._db_down_until = self._clock() + self._retry_s
 
     async def run_drainer(self) -> None:
-        """Drain on every new entry (at most one retry per ``retry_interval_s`` while the
-        database fails) and every ``retry_interval_s``; cancel the task to stop."""
+        """Drain ``batch_delay_s`` after a new entry (one transaction for all that arrived
+        meanwhile), and every ``retry_interval_s``; while the database fails, at most
+        once per ``retry_interval_s``. Cancel the task to stop."""
         while True:
             with anyio.move_on_after(self._retry_s):
                 await self._wake.wait()
+            await asyncio.sleep(self._batch_delay_s)  # let a few more entries arrive
             self._wake.clear()
             if self.db_suspected_down:
                 await asyncio.sleep(max(0.0, self._db_down_until - self._clock()))
