@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.api import GenerationChunk, GenerationRequest
 from engine.serving.app import WorkerConfig, build_worker_app
 from tests.engine.serving.serving_fakes import REPLY, ByteTokenizer, FakeEngine
 
@@ -294,3 +295,24 @@ async def test_served_model_names_alias() -> None:
         ok = await c.post("/v1/chat/completions", json=_chat(model="alias"))
         assert ok.status_code == 200 and ok.json()["model"] == "alias"
         _assert_error(await c.post("/v1/chat/completions", json=_chat()), 404)
+
+
+class _FailingEngine(FakeEngine):
+    """Fails after its first token, as an engine bug would."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        async for chunk in super().generate(request):
+            yield chunk
+            raise RuntimeError("engine step failed")
+
+
+async def test_engine_failure_mid_stream_ends_with_an_error_frame() -> None:
+    app = build_worker_app(_FailingEngine())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # uvicorn logs it
+    async with httpx.AsyncClient(transport=transport, base_url="http://w") as c:
+        resp = await c.post("/v1/chat/completions", json=_chat(max_tokens=5, stream=True))
+        frames = _frames(resp.text)
+        assert frames[0]["choices"][0]["delta"]["content"] == REPLY[0]
+        assert frames[-2]["error"]["type"] == "server_error" and frames[-1] == "[DONE]"
+        whole = await c.post("/v1/chat/completions", json=_chat(max_tokens=5))
+        assert whole.status_code == 500 and whole.json()["error"]["type"] == "server_error"

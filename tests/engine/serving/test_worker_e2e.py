@@ -4,6 +4,7 @@ the shared block hashing, load, bad input, and the official openai SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -214,3 +215,22 @@ async def test_openai_sdk_chat_stream_completions_models(url: str) -> None:
         assert info.value.status_code == 400
     finally:
         await sdk.close()
+
+
+async def test_concurrent_requests_are_batched_and_all_answered(
+    client: httpx.AsyncClient,
+) -> None:
+    async def one(i: int) -> dict[str, Any]:
+        body = _chat(
+            messages=[{"role": "user", "content": f"question {i} " * (i + 1)}],
+            max_tokens=5,
+            ignore_eos=True,
+            seed=i,
+        )
+        resp = await client.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json()["usage"])
+
+    usages = await asyncio.gather(*(one(i) for i in range(8)))
+    assert [u["completion_tokens"] for u in usages] == [5] * 8
+    assert len({u["prompt_tokens"] for u in usages}) == 8
