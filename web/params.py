@@ -19,7 +19,8 @@ from billing.usage import BucketWidth, GroupBy, bucket_floor
 from web.errors import bad_param
 
 LIMITS = {BucketWidth.DAY: (7, 31), BucketWidth.HOUR: (24, 168)}
-MAX_UNIX = 253402300799  # 9999-12-31
+MAX_UNIX = 221845392000  # 9000-01-01: far enough, and bucket ends never overflow
+MIN_YEAR, MAX_YEAR = 1970, 9998
 
 
 @dataclass(frozen=True)
@@ -147,4 +148,6 @@ def _iso_day(text: str, what: str) -> datetime:
         day = datetime.strptime(text, "%Y-%m-%d")
     except ValueError:
         raise ValueError(f"the {what} date must look like 2026-01-31") from None
+    if not MIN_YEAR <= day.year <= MAX_YEAR:
+        raise ValueError(f"the {what} date must be between {MIN_YEAR} and {MAX_YEAR}")
     return day.replace(tzinfo=UTC)

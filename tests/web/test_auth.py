@@ -70,7 +70,8 @@ def test_bad_date_range_is_explained(
     client = TestClient(create_web_app(settings, sqlite_web_factory))
     client.post("/dashboard/login", data={"api_key": seed.first_key})
     for query, message in (("start=2026-02-01&end=2026-01-01", "before the start"),
-                           ("start=yesterday", "look like")):
+                           ("start=yesterday", "look like"),
+                           ("start=9999-12-30&end=9999-12-31", "between")):
         page = client.get(f"/dashboard?{query}")
         assert page.status_code == 400 and message in page.text
 
