@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import asdict, dataclass
@@ -46,6 +47,7 @@ from engine.serving.responses import (
 )
 from engine.serving.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 CLIENT_CLOSED_REQUEST = 499
 _Stream = AsyncGenerator[ChoiceDelta | UsageTotals, None]
@@ -128,6 +130,7 @@ async def sse_body(
                 yield sse_event(usage_chunk(kind, meta, _usage(item)))
             item = await anext(rest, None)
     except Exception:
+        log.exception("engine failed while streaming %s", meta.id)
         yield sse_event(error_body("The engine failed while generating", type=SERVER_ERROR))
     finally:
         await rest.aclose()
