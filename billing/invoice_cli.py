@@ -101,7 +101,7 @@ def list_command(
 
 
 def _parse_export_args(invoice_id: str, fmt: str) -> tuple[int, ExportFormat]:
-    if not invoice_id.isdigit():
+    if not (invoice_id.isascii() and invoice_id.isdigit()):
         fail(f"invalid invoice id {invoice_id!r}: expected a number")
     try:
         return int(invoice_id), ExportFormat(fmt.lower())

@@ -35,10 +35,15 @@ class BucketPage:
     next_start: datetime | None
 
 
+def is_number(text: str) -> bool:
+    """True for a plain ASCII decimal number (no sign, space or Unicode digits)."""
+    return text.isascii() and text.isdigit()
+
+
 def _unix(name: str, text: str | None) -> datetime | None:
     if text is None or text == "":
         return None
-    if not text.strip().isdigit() or int(text) > MAX_UNIX:
+    if not is_number(text) or int(text) > MAX_UNIX:
         raise bad_param(name, f"{name} must be a unix time in seconds, got {text!r}")
     return datetime.fromtimestamp(int(text), tz=UTC)
 
@@ -47,7 +52,7 @@ def _limit(text: str | None, width: BucketWidth) -> int:
     default, maximum = LIMITS[width]
     if text is None or text == "":
         return default
-    if not text.isdigit() or not 1 <= int(text) <= maximum:
+    if not is_number(text) or not 1 <= int(text) <= maximum:
         raise bad_param("limit", f"limit must be an integer from 1 to {maximum} for {width}")
     return int(text)
 
@@ -61,7 +66,7 @@ def _decode_page(text: str) -> datetime:
         raw = base64.urlsafe_b64decode(text.removeprefix("page_").encode()).decode()
     except (binascii.Error, UnicodeDecodeError):
         raw = ""
-    moment = _unix("page", raw) if raw.isdigit() else None
+    moment = _unix("page", raw) if is_number(raw) else None
     if moment is None:
         raise bad_param("page", "page is not a cursor returned by this API")
     return moment

@@ -36,7 +36,7 @@ from proxy.settings import Settings
 from web.api_views import ExactJSONResponse, bucket_page, cost_result, invoice_summary, usage_result
 from web.auth import KeyResolver, TenantAuth, session_secret
 from web.errors import ApiError, bad_param, not_found
-from web.params import parse_bucket_page, parse_group_by
+from web.params import is_number, parse_bucket_page, parse_group_by
 
 TENANT_GROUPS = (GroupBy.MODEL, GroupBy.API_KEY)
 MAX_INVOICE_ID = 2**31 - 1  # the column is a 32-bit integer
@@ -97,7 +97,7 @@ def invoice_list_answer(
 def _document(
     factory: sessionmaker[Session], invoice_id: str, tenant_id: int | None
 ) -> InvoiceDocument:
-    if not invoice_id.isdigit() or int(invoice_id) > MAX_INVOICE_ID:
+    if not is_number(invoice_id) or int(invoice_id) > MAX_INVOICE_ID:
         raise not_found(f"unknown invoice {invoice_id!r}")
     try:
         with factory() as session:

@@ -146,7 +146,7 @@ def test_tenants_never_see_each_other(world: dict) -> None:
     with factory() as session:
         billed, _ = ledger_money(session, beta.tenant_id, JAN, FEB)
     assert detail["total_pico"] == billed == sum(line["amount_pico"] for line in detail["lines"])
-    for bogus in ("abc", "99999999999999999999", "-1"):
+    for bogus in ("abc", "99999999999999999999", "-1", "²"):
         response = client.get(f"/v1/invoices/{bogus}",
                               headers={"Authorization": f"Bearer {beta.first_key}"})
         assert response.status_code == 404
@@ -161,6 +161,8 @@ def test_tenants_never_see_each_other(world: dict) -> None:
         ({}, "start_time"),
         ({"start_time": "yesterday"}, "start_time"),
         ({"start_time": "253402300799"}, "start_time"),
+        ({"start_time": "²"}, "start_time"),
+        ({"start_time": "100", "limit": "٣"}, "limit"),
         ({"start_time": "100", "end_time": "50"}, "end_time"),
         ({"start_time": "100", "bucket_width": "1w"}, "bucket_width"),
         ({"start_time": "100", "limit": "32"}, "limit"),
