@@ -48,17 +48,23 @@ def routing_command(
     limit: Annotated[
         int | None, typer.Option("--limit", help="replay only the first N requests")
     ] = None,
+    index: Annotated[
+        str, typer.Option("--index", help="precise (KV events) or approx (no events)")
+    ] = "precise",
 ) -> None:
     """Replay a trace under one routing policy (or all) and print the figures as JSON."""
     policies = list(POLICY_NAMES) if policy == "all" else [policy]
     if policy != "all" and policy not in POLICY_NAMES:
         fail(f"unknown policy {policy!r}; expected one of {', '.join(POLICY_NAMES)} or all")
+    if index not in ("precise", "approx"):
+        fail(f"--index must be precise or approx, got {index!r}")
     try:
         config = SimConfig(
             num_workers=workers,
             cache_tokens=cache_tokens,
             block_size=block_size,
             prefill_tokens_per_s=prefill_tokens_per_s,
+            kv_events=index == "precise",
         )
     except ValueError as exc:
         fail(str(exc))

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from engine.kv.hashing import hash_prompt_blocks
 from proxy.routing.events import EventFeeds, RedisEventConsumer
+from proxy.routing.index import ApproxIndex
 from proxy.routing.policy import Policy, make_policy
 from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.router import PrefixRouter, RoutePlan
@@ -146,6 +147,8 @@ class RoutingOptions:
     block_size: int = 16
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     events_interval_s: float = 0.1
+    approx_max_blocks_per_worker: int = 100_000  # servers without KV events: LRU bound
+    approx_ttl_s: float = 600.0  # ... and how long a prefix sent there is assumed kept
 
 
 class RoutingStack:
@@ -163,8 +166,12 @@ class RoutingStack:
         self.registry = WorkerRegistry(
             options.registry, static_workers, redis=redis, http=self._http
         )
+        approx = ApproxIndex(options.approx_max_blocks_per_worker, options.approx_ttl_s)
         self.router = PrefixRouter(
-            policy or make_policy(options.policy), self.registry, options.block_size
+            policy or make_policy(options.policy),
+            self.registry,
+            options.block_size,
+            approx=approx,
         )
         consumer = (
             RedisEventConsumer(redis, self.router.precise, prefix=options.registry.redis_prefix)

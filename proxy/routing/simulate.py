@@ -17,7 +17,9 @@ Each simulated worker::
 * TTFT = first token time − arrival time.
 
 Routing goes through the live :class:`PrefixRouter` with the policy under test, the
-same :class:`PreciseIndex` (fed by the caches' events) and the same load accounting.
+same :class:`PreciseIndex` (fed by the caches' events) and the same load accounting;
+with ``kv_events=False`` the caches' events are dropped and the router relies on its
+:class:`ApproxIndex` (what it sent where, an LRU as large as a worker's cache + TTL).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 
 from engine.api import KVEvent, KVEventKind
 from engine.kv.hashing import BlockHash
+from proxy.routing.index import ApproxIndex
 from proxy.routing.policy import Policy
 from proxy.routing.router import PrefixRouter, WorkerStatus
 from proxy.routing.sim_report import SimReport, build_report
@@ -48,6 +51,8 @@ class SimConfig:
     prefill_overhead_s: float = 0.02
     decode_s_per_token: float = 0.03
     decode_slowdown: float = 0.01
+    kv_events: bool = True  # False: the router only has its approximate index
+    approx_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.num_workers <= 0 or self.block_size <= 0 or self.prefill_tokens_per_s <= 0:
@@ -129,6 +134,7 @@ class SimFleet:
     """The simulated workers, seen by the router as its :class:`WorkerSource`."""
 
     def __init__(self, config: SimConfig) -> None:
+        self.kv_events = config.kv_events
         capacity = config.cache_tokens // config.block_size
         self.workers = {
             WorkerId(f"sim-{i}"): SimWorker(WorkerId(f"sim-{i}"), LRUBlockCache(capacity))
@@ -136,7 +142,7 @@ class SimFleet:
         }
 
     def healthy_workers(self) -> list[WorkerStatus]:
-        return [WorkerStatus(w.worker_id, w.load(), True) for w in self.workers.values()]
+        return [WorkerStatus(w.worker_id, w.load(), self.kv_events) for w in self.workers.values()]
 
     def report_failure(self, worker_id: WorkerId) -> None:
         raise RuntimeError("simulated workers never fail")
@@ -151,7 +157,11 @@ class Simulation:
     def __init__(self, config: SimConfig, policy: Policy) -> None:
         self.config = config
         self.fleet = SimFleet(config)
-        self.router = PrefixRouter(policy, self.fleet, config.block_size, clock=self._now)
+        capacity = config.cache_tokens // config.block_size
+        approx = ApproxIndex(capacity, config.approx_ttl_s, clock=self._now)
+        self.router = PrefixRouter(
+            policy, self.fleet, config.block_size, approx=approx, clock=self._now
+        )
         self._time = 0.0
         self._events: list[tuple[float, int, int, WorkerId | None, _Job]] = []
         self._seq = 0
@@ -211,7 +221,8 @@ class Simulation:
         hits = worker.cache.leading_hits(r.block_hashes)
         job.cached_tokens = min(r.input_length, hits * self.config.block_size)
         events = worker.cache.admit(r.block_hashes)
-        self.router.precise.apply_events(worker.worker_id, events)
+        if self.config.kv_events:
+            self.router.precise.apply_events(worker.worker_id, events)
         uncached = r.input_length - job.cached_tokens
         worker.prefill_tokens += uncached
         cfg = self.config

@@ -57,6 +57,17 @@ def test_cache_aware_beats_round_robin_on_a_trace_with_prefixes() -> None:
     assert min(cache_aware.requests_per_worker) > 0  # the shared block 0 pulls nobody
 
 
+def test_without_kv_events_the_approximate_index_still_finds_the_prefixes() -> None:
+    requests = parse_trace(conversation_trace())
+    config = SimConfig(
+        num_workers=4, cache_tokens=40 * 512, prefill_tokens_per_s=50_000.0, kv_events=False
+    )
+    cache_aware = simulate(requests, config, make_policy("cache_aware"))
+    round_robin = simulate(requests, config, make_policy("round_robin"))
+    assert cache_aware.hit_rate > round_robin.hit_rate
+    assert cache_aware.hit_rate > 0.8 * infinite_cache_hit_rate(requests, 512)
+
+
 def test_lru_cache_events_keep_the_index_identical_to_the_cache() -> None:
     rng = random.Random(1)
     cache = LRUBlockCache(capacity_blocks=12)
