@@ -233,7 +233,7 @@ class WorkerRegistry:
     async def _check(self, entry: _Entry) -> None:
         try:
             load, instance_id, block_size = await self._probe(entry)
-        except (httpx.HTTPError, ValueError, OSError) as exc:
+        except (httpx.HTTPError, ValueError, TypeError, OSError) as exc:
             entry.failures += 1
             if entry.info.healthy and entry.failures >= self.config.failures_to_evict:
                 log.info("worker %s is down: %s", entry.info.worker_id, exc)

@@ -175,3 +175,17 @@ def test_a_worker_found_through_redis_streams_its_events_to_the_router(
             await redis.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_malformed_load_answer_counts_as_a_failed_check() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"num_running": None, "num_waiting": "x"})
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            config = RegistryConfig(failures_to_evict=1)
+            registry = WorkerRegistry(config, [("odd", "http://odd:8001")], http=http)
+            await registry.refresh()
+            assert registry.healthy_workers() == []
+
+    asyncio.run(scenario())
