@@ -1,7 +1,8 @@
 """Exact per-bucket cache of usage aggregates, validated by row counts.
 
-Algorithm (PostgreSQL, one tenant, bucketed queries; anything else goes straight
-to :func:`billing.usage.aggregate_usage`):
+Algorithm (PostgreSQL, bucketed queries; anything else goes straight to
+:func:`billing.usage.aggregate_usage`; a query across tenants is answered as the
+sum of every tenant's own cached answer):
 
 1. Split the range into whole buckets and at most two partial edge buckets.
 2. Count the rows of every whole bucket in one query (an index-only scan of
@@ -28,8 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing.models import Tenant
 from billing.usage import (
     GroupBy,
     UsageQuery,
@@ -94,6 +97,8 @@ class UsageCache:
 
     def aggregate(self, session: Session, query: UsageQuery) -> list[UsageRow]:
         """The same rows as :func:`aggregate_usage`, reusing unchanged buckets."""
+        if query.tenant_id is None and supports_bucket_counts(session, replace(query, tenant_id=0)):
+            return self._across_tenants(session, query)
         if not supports_bucket_counts(session, query):
             return aggregate_usage(session, query)
         assert query.width is not None
@@ -122,6 +127,22 @@ class UsageCache:
                 edge = replace(query, start=edge_start, end=edge_end)
                 rows.extend(aggregate_usage(session, edge))
         return sorted(rows, key=_order)
+
+    def _across_tenants(self, session: Session, query: UsageQuery) -> list[UsageRow]:
+        """Every tenant's cached answer, added up (tagged by tenant if grouped by it)."""
+        by_tenant = GroupBy.TENANT in query.group_by
+        inner_groups = tuple(g for g in query.group_by if g is not GroupBy.TENANT)
+        merged: dict[tuple[object, ...], UsageRow] = {}
+        for tenant_id in session.scalars(select(Tenant.id).order_by(Tenant.id)):
+            mine = replace(query, tenant_id=tenant_id, group_by=inner_groups)
+            for row in self.aggregate(session, mine):
+                tagged = replace(row, tenant_id=tenant_id if by_tenant else None)
+                key = (tagged.bucket_start, tagged.tenant_id, tagged.model, tagged.api_key_id)
+                seen = merged.get(key)
+                merged[key] = tagged if seen is None else replace(
+                    seen, totals=seen.totals + tagged.totals
+                )
+        return sorted(merged.values(), key=_order)
 
     def _keep(
         self, query: UsageQuery, start: datetime, end: datetime, fresh: list[UsageRow],

@@ -106,9 +106,9 @@ class AdminPages:
     """Handlers of the operator pages (thin: data comes from :mod:`web.dashboard_data`)."""
 
     def __init__(self, factory: sessionmaker[Session], auth: AdminAuth, env: Environment,
-                 worker_status: WorkerStatusFn | None) -> None:
+                 worker_status: WorkerStatusFn | None, cache: UsageCache) -> None:
         self._factory, self._auth, self._env = factory, auth, env
-        self._worker_status = worker_status
+        self._worker_status, self._cache = worker_status, cache
 
     def login_page(self, status: int = 200, error: str | None = None) -> Response:
         auth = self._auth
@@ -132,7 +132,7 @@ class AdminPages:
             return self.login_page(503 if self._auth.problem else 200)
         first, stop, error = picked_range(start, end, datetime.now(UTC))
         with self._factory() as session:
-            context = admin_context(session, first, stop, self.workers())
+            context = admin_context(session, first, stop, self.workers(), self._cache.aggregate)
         return render_page(
             self._env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
             dev_open=self._auth.open_dev_mode, **range_fields(first, stop), **context,
@@ -165,10 +165,11 @@ def build_admin_dashboard_router(
 ) -> APIRouter:
     """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
     auth = AdminAuth(settings)
-    pages = AdminPages(session_factory, auth, template_environment(), worker_status)
+    cache = usage_cache or UsageCache()
+    pages = AdminPages(session_factory, auth, template_environment(), worker_status, cache)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
-    _add_api_routes(router, session_factory, auth, usage_cache or UsageCache())
+    _add_api_routes(router, session_factory, auth, cache)
     router.add_api_route("/admin/dashboard", pages.dashboard, methods=["GET"])
     router.add_api_route("/admin/dashboard/login", pages.login, methods=["POST"])
     router.add_api_route("/admin/dashboard/logout", pages.logout, methods=["POST"])

@@ -23,7 +23,6 @@ from billing.usage import (
     UsageQuery,
     UsageRow,
     UsageTotals,
-    aggregate_usage,
     sum_rows,
 )
 
@@ -144,12 +143,13 @@ def tenant_context(
 
 
 def admin_context(
-    session: Session, start: datetime, end: datetime, workers: WorkerRows
+    session: Session, start: datetime, end: datetime, workers: WorkerRows, aggregate: Aggregate
 ) -> dict[str, Any]:
-    """Everything the operator dashboard shows for ``[start, end)``."""
+    """Everything the operator dashboard shows for ``[start, end)`` (whole UTC days)."""
     names = {tid: name for tid, name in session.execute(select(Tenant.id, Tenant.name))}
-    per_tenant = aggregate_usage(session, UsageQuery(start, end, None, group_by=(GroupBy.TENANT,)))
-    usage = {row.tenant_id: row.totals for row in per_tenant}
+    daily = UsageQuery(start, end, None, width=BucketWidth.DAY, group_by=(GroupBy.TENANT,))
+    usage = roll_up(aggregate(session, daily), lambda r: r.tenant_id)
+    per_tenant = [UsageRow(None, tid, None, None, t) for tid, t in usage.items()]
     tenants = [
         {"name": name, "id": tid, **totals_view(usage.get(tid, UsageTotals()))}
         for tid, name in sorted(names.items(), key=lambda item: item[1])

@@ -48,7 +48,7 @@ def _same(factory: sessionmaker[Session], cache: UsageCache, query: UsageQuery) 
         expected = aggregate_usage(session, query)
     with factory() as session:
         got = cache.aggregate(session, query)
-    key = lambda r: (r.bucket_start, r.model or "")  # noqa: E731
+    key = lambda r: (r.bucket_start, r.tenant_id or 0, r.model or "")  # noqa: E731
     assert sorted(got, key=key) == sorted(expected, key=key)
 
 
@@ -67,9 +67,15 @@ def test_matches_a_fresh_aggregate_and_sees_late_rows(
             query = UsageQuery(start, end, tenant_id, width=width, group_by=group_by)
             _same(factory, cache, query)
             _same(factory, cache, query)  # served from the cache now
+    for group_by in ((), (GroupBy.TENANT,), (GroupBy.TENANT, GroupBy.MODEL)):
+        across = UsageQuery(START, START + timedelta(days=5, hours=3), None, width=width,
+                            group_by=group_by)
+        _same(factory, cache, across)
+        _same(factory, cache, across)
     late = _entries(tenant_id, random.Random(9), 3, 2)
     write_usage_many(factory, late)
     _same(factory, cache, UsageQuery(START, START + timedelta(days=6), tenant_id, width=width))
+    _same(factory, cache, UsageQuery(START, START + timedelta(days=6), None, width=width))
 
 
 def test_unchanged_buckets_are_not_aggregated_again(
