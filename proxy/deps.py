@@ -40,7 +40,9 @@ def get_session(state: StateDep) -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": committed before the response is sent, so a client that reads
+# right after a write sees it.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 async def get_key(
