@@ -135,7 +135,7 @@ class AdminPages:
             context = admin_context(session, first, stop, self.workers(), self._cache.aggregate)
         return render_page(
             self._env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
-            dev_open=self._auth.open_dev_mode, **range_fields(first, stop), **context,
+            dev_mode=self._auth.dev_mode, **range_fields(first, stop), **context,
         )
 
     def login(self, request: Request, admin_token: str = Form("")) -> Response:

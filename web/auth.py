@@ -29,6 +29,7 @@ from web.tokens import TokenSigner
 TENANT_COOKIE = "kvtoll_session"
 ADMIN_COOKIE = "kvtoll_admin"
 SESSION_TTL_S = 8 * 3600
+EMPTY_TOKEN = "KVTOLL_ADMIN_TOKEN is empty: set it to use the operator dashboard and APIs"
 KeyResolver = Callable[[str], KeyIdentity | None]
 
 
@@ -143,9 +144,10 @@ class AdminAuth:
     """The operator: admin token (bearer or sign-in form) and the admin cookie."""
 
     def __init__(self, settings: Settings) -> None:
-        self.problem = settings.admin_token_problem()
         token = settings.admin_token.get_secret_value()
-        self.open_dev_mode = settings.dev_mode and not token
+        # Dev mode accepts a weak token, but no token means no operator access at all.
+        self.problem = settings.admin_token_problem() or (None if token else EMPTY_TOKEN)
+        self.dev_mode = settings.dev_mode
         self._token_digest = _digest(token)
         secret = session_secret(settings)
         # Rotating the admin token invalidates every admin session.
@@ -160,11 +162,9 @@ class AdminAuth:
             raise ApiError(503, f"admin interface disabled: {self.problem}", code="admin_disabled")
 
     def is_signed_in(self, request: Request) -> bool:
-        """Admin cookie or bearer token valid (always, in dev mode without a token)."""
+        """Admin cookie or bearer token valid."""
         if self.problem is not None:
             return False
-        if self.open_dev_mode:
-            return True
         token = bearer_token(request)
         if token is not None:
             return bool(token) and self.token_matches(token)

@@ -114,10 +114,16 @@ def test_admin_refuses_to_work_with_a_weak_token(
     assert page.status_code == 503 and "KVTOLL_ADMIN_TOKEN" in page.text
 
 
-def test_dev_mode_without_a_token_opens_the_admin_pages(
+def test_dev_mode_accepts_a_weak_token_but_not_none(
     sqlite_web_factory: sessionmaker[Session],
 ) -> None:
-    dev = load_settings(admin_token="", secret="", dev_mode=True)
-    client = TestClient(create_web_app(dev, sqlite_web_factory))
-    assert client.get("/admin/v1/invoices").status_code == 200
-    assert "dev mode" in client.get("/admin/dashboard").text
+    weak = TestClient(create_web_app(load_settings(admin_token="admin", dev_mode=True),
+                                     sqlite_web_factory))
+    for token, status in (("admin", 200), ("x", 401)):
+        headers = {"Authorization": f"Bearer {token}"}
+        assert weak.get("/admin/v1/invoices", headers=headers).status_code == status
+    empty = TestClient(create_web_app(load_settings(admin_token="", dev_mode=True),
+                                      sqlite_web_factory))
+    response = empty.get("/admin/v1/invoices", headers={"Authorization": "Bearer "})
+    assert response.status_code == 503 and "empty" in response.json()["error"]["message"]
+    assert empty.get("/admin/dashboard").status_code == 503
