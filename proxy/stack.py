@@ -173,8 +173,9 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
         raise StackError(str(exc)) from None
     workers = tuple(check_worker_url(u) for u in options.workers)
     options = ServeOptions(workers, options.semantic, options.routing_policy)
+    remote = _remote_parts(settings, options) if workers else None  # workers answer first
     factory = prepare_database(settings.database_url)
-    parts = _remote_parts(settings, options) if workers else _local_parts(settings)
+    parts = remote or _local_parts(settings)
     if options.semantic:
         _add_semantic(parts, settings, factory)
     app = create_app(

@@ -1,0 +1,78 @@
+"""``kvtoll serve``: every caller mistake is one line on stderr and exit code 2, before
+any model is loaded; ``kvtoll bench`` lists the contributed subcommands."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from proxy.cli.main import build_app
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("KVTOLL_REDIS_URL", "KVTOLL_MODEL_PATH", "KVTOLL_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KVTOLL_DATABASE_URL", f"sqlite:///{tmp_path / 'k.db'}")
+    monkeypatch.setenv("KVTOLL_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("KVTOLL_ADMIN_TOKEN", "a-long-enough-admin-token-for-cli")
+    monkeypatch.setenv("KVTOLL_SECRET", "cli-test-secret")
+    monkeypatch.setenv("KVTOLL_DEV_MODE", "0")
+    return tmp_path
+
+
+def _serve(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(build_app(), ["serve", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--worker", "ftp://example.com"], "--worker must be an http(s) URL"),
+        (["--worker", "not a url"], "--worker must be an http(s) URL"),
+        (["--port", "70000"], "--port must be between 0 and 65535"),
+    ],
+)
+def test_bad_flags(env: Path, args: list[str], message: str) -> None:
+    code, output = _serve(*args)
+    assert code == 2 and message in output
+    assert not (env / "k.db").exists()  # nothing written
+
+
+def test_weak_admin_token(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOLL_ADMIN_TOKEN", "admin")
+    code, output = _serve()
+    assert code == 2 and "KVTOLL_ADMIN_TOKEN" in output
+
+
+def test_missing_secret(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOLL_SECRET", "")
+    code, output = _serve()
+    assert code == 2 and "KVTOLL_SECRET" in output
+
+
+def test_port_in_use(env: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        code, output = _serve("--port", str(busy.getsockname()[1]))
+    assert code == 2 and "already in use" in output
+
+
+def test_unreachable_worker(env: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    code, output = _serve("--worker", f"http://127.0.0.1:{port}")
+    assert code == 2 and "cannot list the models of worker" in output
+    assert not (env / "k.db").exists()
+
+
+def test_bench_group_lists_contributed_commands() -> None:
+    result = CliRunner().invoke(build_app(), ["bench", "--help"])
+    assert result.exit_code == 0
+    assert "routing" in result.output
