@@ -138,6 +138,9 @@ async def run_pair_bench(
     pairs: list[Pair], *, threshold: float | None, heldout_only: bool, candidates: int
 ) -> dict[str, Any]:
     """Fill, query, and summarise (see the module docstring)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)  # as in the proxy (see factory.build_semantic_cache)
     embedder = SentenceTransformerEmbedder()
     verifier = LogisticVerifier(load_weights())
     store = InMemoryStore(StoreConfig(capacity_per_tenant=max(1, len(pairs))))

@@ -37,7 +37,13 @@ def build_semantic_cache(
     index_config: IndexConfig | None = None,
     redis_prefix: str = "kvtoll:sem:",
 ) -> SemanticCache:
-    """The full service: MiniLM embedder, FAISS per partition, shipped verifier weights."""
+    """The full service: MiniLM embedder, FAISS per partition, shipped verifier weights.
+
+    Sets FAISS's OpenMP pool to one thread (process-wide): lookups search one vector
+    at a time, where extra threads only add contention with the rest of the proxy."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
     config = config or SemanticConfig()
     store_config = store_config or StoreConfig(ttl_s=config.ttl_s)
     embedder = SentenceTransformerEmbedder(embedder_spec)
