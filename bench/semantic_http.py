@@ -1,0 +1,178 @@
+"""Semantic hits per second through the HTTP API (the full gateway app).
+
+Processes (all on this machine): the fixed-latency upstream of ``proxy_overhead.py``
+and the gateway (uvicorn, the real ``create_app`` with key auth, metering on SQLite
+and the semantic cache: MiniLM + FAISS + verifier, in-process store). The client
+first asks ``--questions`` distinct questions (misses, answered upstream and stored),
+then runs a closed loop of ``--concurrency`` clients for ``--seconds`` asking
+rewordings of them (case/punctuation variants and paraphrases), counting responses
+with ``x-kvtoll-cache: semantic``. Peer in the same run: the same loop with
+``Cache-Control: no-cache`` (every request goes upstream). Goal: >= 300 hits/s.
+
+    python bench/semantic_http.py [--questions 40] [--concurrency 32] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proxy_overhead as po
+
+QUESTIONS = [
+    "What is the capital of {}?", "How do I apply for a visa to {}?",
+    "What is the population of {}?", "What currency is used in {}?",
+]  # fmt: skip
+PLACES = ["France", "Japan", "Kenya", "Peru", "Norway", "Canada", "Egypt", "Chile", "India",
+          "Spain"]  # fmt: skip
+REWORDINGS = [
+    lambda q: q,
+    lambda q: q.lower().rstrip("?"),
+    lambda q: q.replace("What is", "What's"),
+]
+
+
+def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int) -> None:
+    import uvicorn
+
+    from billing.db import make_engine, session_factory
+    from proxy.app import create_app
+    from proxy.deps import get_key
+    from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.routes import build_cache_router
+    from proxy.semantic_bridge import SemanticCacheAdapter
+    from proxy.settings import load_settings
+    from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
+
+    settings = load_settings(
+        database_url=database_url, data_dir=data_dir, redis_url=None,
+        admin_token="bench-admin-token-0123456789", secret="bench-secret",
+    )  # fmt: skip
+    cache = build_semantic_cache(None)
+    app = create_app(
+        settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
+        session_factory=session_factory(make_engine(database_url)), models=[po.MODEL],
+        semantic=SemanticCacheAdapter(cache), resources=[cache],
+        extra_routers=[build_cache_router(cache, get_key)],
+    )  # fmt: skip
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def body(text: str) -> dict[str, Any]:
+    return {"model": po.MODEL, "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": text}]}  # fmt: skip
+
+
+async def closed_loop(
+    url: str, key: str, args: argparse.Namespace, no_cache: bool
+) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"}
+    if no_cache:
+        headers["Cache-Control"] = "no-cache"
+    questions = [q.format(p) for q in QUESTIONS for p in PLACES][: args.questions]
+    counts = {"semantic": 0, "other": 0, "errors": 0}
+    async with httpx.AsyncClient(
+        timeout=60, limits=httpx.Limits(max_connections=args.concurrency)
+    ) as client:
+        stop_at = time.perf_counter() + args.seconds
+
+        async def worker(n: int) -> None:
+            while time.perf_counter() < stop_at:
+                n += 1
+                text = REWORDINGS[n % len(REWORDINGS)](questions[n % len(questions)])
+                resp = await client.post(
+                    url + "/v1/chat/completions", json=body(text), headers=headers
+                )
+                if resp.status_code != 200:
+                    counts["errors"] += 1
+                elif resp.headers.get("x-kvtoll-cache") == "semantic":
+                    counts["semantic"] += 1
+                else:
+                    counts["other"] += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(i * 7) for i in range(args.concurrency)))
+        elapsed = time.perf_counter() - started
+    return {**counts, "semantic_hits_per_s": round(counts["semantic"] / elapsed, 1),
+            "requests_per_s": round(sum(counts.values()) / elapsed, 1)}  # fmt: skip
+
+
+def warm(url: str, key: str, count: int) -> int:
+    """Ask each question once (a miss, stored); returns how many were answered."""
+    questions = [q.format(p) for q in QUESTIONS for p in PLACES][:count]
+    ok = 0
+    with httpx.Client(timeout=60) as client:
+        for q in questions:
+            resp = client.post(url + "/v1/chat/completions", json=body(q),
+                               headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            ok += int(resp.status_code == 200)
+    return ok
+
+
+def spawn(*args: str) -> Any:
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(po.ROOT)}
+    return subprocess.Popen([sys.executable, __file__, *args], cwd=po.ROOT, env=env)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvtoll-sembench-"))
+    database_url = f"sqlite:///{tmp / 'kvtoll.db'}"
+    key = po.seed_database(database_url)
+    up_port, gw_port = po.free_port(), po.free_port()
+    direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
+    procs = [spawn("--serve-upstream", str(args.upstream_ms), str(up_port))]
+    try:
+        po.wait_ready(direct, procs[0])
+        procs.append(
+            spawn("--serve-gateway", direct, database_url, str(tmp / "data"), str(gw_port))
+        )
+        po.wait_ready(proxied, procs[1], timeout_s=300)
+        warmed = warm(proxied, key, args.questions)
+        cached = asyncio.run(closed_loop(proxied, key, args, no_cache=False))
+        uncached = asyncio.run(closed_loop(proxied, key, args, no_cache=True))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return {
+        "benchmark": "semantic_http",
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "questions_stored": warmed,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "semantic": cached,
+        "peer_no_cache_upstream": uncached,
+        "goal_hits_per_s": 300,
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-upstream":
+        po.serve_upstream(float(sys.argv[2]), int(sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
+        serve_gateway(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--upstream-ms", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    print(json.dumps(run(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
