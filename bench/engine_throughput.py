@@ -1,0 +1,206 @@
+"""Engine throughput vs HF transformers, and prefix-cache TTFT (a benchmark, not a test).
+
+Usage::
+
+    .venv/bin/python bench/engine_throughput.py [--quick] [--dtype bfloat16] [--threads N]
+
+Workload (full): 64 requests, prompts of 32-512 random tokens, outputs of 32-256
+tokens with EOS ignored, all submitted at once to the engine (continuous batching).
+Peer, same process, same weights and dtype: HF ``LlamaForCausalLM.generate`` in static
+batches of 16 (left padded, greedy; each batch runs to its longest output, only the
+requested tokens count). Optional peer: llama-cpp-python single stream, if importable.
+Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same cold.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.api import GenerationRequest, SamplingParams
+from engine.config import EngineConfig
+from engine.factory import LoadedModel, build_llm_engine, bundled_model_path, load_model
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+
+def make_workload(
+    n: int, prompt_range: tuple[int, int], out_range: tuple[int, int], seed: int
+) -> Workload:
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randrange(100, 40_000) for _ in range(rng.randint(*prompt_range))] for _ in range(n)
+    ]
+    return Workload(prompts, [rng.randint(*out_range) for _ in range(n)])
+
+
+def run_engine(loaded: LoadedModel, config: EngineConfig, work: Workload) -> dict[str, float]:
+    engine = build_llm_engine(config, loaded)
+    reqs = [
+        GenerationRequest(
+            f"r{i}", tuple(p), SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
+        )
+        for i, (p, m) in enumerate(zip(work.prompts, work.max_tokens, strict=True))
+    ]
+    start = time.perf_counter()
+    out = engine.generate_sync(reqs)
+    elapsed = time.perf_counter() - start
+    produced = sum(c.completion_tokens for r in out.values() for c in r[0] if c.finish_reason)
+    if produced != work.output_tokens:
+        raise RuntimeError(f"engine produced {produced} tokens, expected {work.output_tokens}")
+    return {
+        "seconds": round(elapsed, 2),
+        "output_tokens": produced,
+        "output_tokens_per_s": round(produced / elapsed, 2),
+        "steps": engine.num_steps,
+        "preemptions": engine.num_preemptions,
+    }
+
+
+def hf_model(loaded: LoadedModel, dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields: dict[str, Any] = dict(loaded.config.to_hf_dict())
+    model = LlamaForCausalLM(LlamaConfig(**fields, eos_token_id=None, bos_token_id=None)).eval()
+    model.load_state_dict(
+        {k: v.float() for k, v in loaded.model.state_dict().items()}, strict=False
+    )
+    return model.to(dtype)
+
+
+def run_hf(loaded: LoadedModel, dtype: torch.dtype, work: Workload, batch: int) -> dict[str, float]:
+    model = hf_model(loaded, dtype)
+    start = time.perf_counter()
+    for b in range(0, len(work.prompts), batch):
+        prompts, outs = work.prompts[b : b + batch], work.max_tokens[b : b + batch]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=max(outs),
+                min_new_tokens=max(outs),
+                do_sample=False,
+                pad_token_id=0,
+            )
+    elapsed = time.perf_counter() - start
+    return {
+        "seconds": round(elapsed, 2),
+        "output_tokens": work.output_tokens,
+        "output_tokens_per_s": round(work.output_tokens / elapsed, 2),
+        "batch_size": batch,
+    }
+
+
+def run_llama_cpp(work: Workload) -> dict[str, Any]:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return {"skipped": "llama-cpp-python is not installed (optional extra 'llamacpp')"}
+    llm = Llama(model_path=str(bundled_model_path()), n_ctx=1024, verbose=False)
+    start = time.perf_counter()
+    n = 0
+    for p, m in zip(work.prompts[:8], work.max_tokens[:8], strict=True):
+        llm.reset()
+        for _ in llm.generate(p, temp=0.0):
+            n += 1
+            if n % m == 0:
+                break
+    elapsed = time.perf_counter() - start
+    return {
+        "seconds": round(elapsed, 2),
+        "output_tokens": n,
+        "output_tokens_per_s": round(n / elapsed, 2),
+    }
+
+
+def ttft(
+    loaded: LoadedModel, config: EngineConfig, prompt: list[int], warm_with: list[int] | None
+) -> float:
+    engine = build_llm_engine(config, loaded)
+    p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    if warm_with is not None:
+        engine.generate_sync([GenerationRequest("warm", tuple(warm_with), p)])
+    start = time.perf_counter()
+    engine.add_request(GenerationRequest("t", tuple(prompt), p))
+    while not engine.step():
+        pass
+    return time.perf_counter() - start
+
+
+def prefix_reuse(loaded: LoadedModel, config: EngineConfig, prefix_len: int) -> dict[str, Any]:
+    rng = random.Random(7)
+    prefix = [rng.randrange(100, 40_000) for _ in range(prefix_len)]
+    prompt = prefix + [rng.randrange(100, 40_000) for _ in range(24)]
+    other = prefix + [rng.randrange(100, 40_000) for _ in range(24)]
+    cold = ttft(loaded, config, prompt, None)
+    warm = ttft(loaded, config, prompt, other)
+    return {
+        "cached_prefix_tokens": prefix_len,
+        "prompt_tokens": len(prompt),
+        "ttft_cold_s": round(cold, 3),
+        "ttft_cached_s": round(warm, 3),
+        "cached_fraction_of_cold": round(warm / cold, 4),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts and outputs")
+    ap.add_argument("--dtype", default=EngineConfig().dtype, choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        work = make_workload(16, (32, 256), (16, 64), seed=0)
+    else:
+        work = make_workload(64, (32, 512), (32, 256), seed=0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = EngineConfig(
+        dtype=args.dtype,
+        kv_cache_bytes=3 << 30,
+        max_num_seqs=64,
+        max_num_batched_tokens=512,
+        max_model_len=2048,
+        num_threads=args.threads,
+    )
+    loaded = load_model(config)
+    result: dict[str, Any] = {
+        "dtype": args.dtype,
+        "torch_threads": torch.get_num_threads(),
+        "requests": len(work.prompts),
+        "prompt_tokens": sum(len(p) for p in work.prompts),
+        "engine": run_engine(loaded, config, work),
+    }
+    if not args.skip_hf:
+        result["hf_transformers"] = run_hf(loaded, loaded.model.lm_head.weight.dtype, work, 16)
+        result["engine_vs_hf"] = round(
+            result["engine"]["output_tokens_per_s"]
+            / result["hf_transformers"]["output_tokens_per_s"],
+            2,
+        )
+    result["llama_cpp_single_stream"] = run_llama_cpp(work)
+    result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
