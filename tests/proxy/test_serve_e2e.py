@@ -1,0 +1,130 @@
+"""``kvtoll serve`` as an operator runs it, in a subprocess, with the official SDK:
+in front of a ``kvtoll worker`` (tiny model) with ``--worker``, and on the embedded
+defaults with the real bundled SmolLM2-135M-Instruct (the README's first command)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.db import make_engine, session_factory
+from billing.migrate import upgrade
+from tests.proxy.helpers import Tenants, free_port, seed, settled_rows, wait_until
+
+SYSTEM = "You are a careful assistant for the kvtoll end-to-end tests. " * 3
+
+
+def _kvtoll(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    code = "from proxy.cli.main import main; main()"
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+                                 if proc.stderr else "exited")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, f"server on port {port}", timeout_s)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    root = Path(__file__).resolve().parents[2]
+    return {**os.environ, "PYTHONPATH": str(root), "KVTOLL_DEV_MODE": "1",
+            "KVTOLL_DATABASE_URL": f"sqlite:///{tmp_path / 'kvtoll.db'}",
+            "KVTOLL_DATA_DIR": str(tmp_path / "data"), "KVTOLL_REDIS_URL": "",
+            "KVTOLL_ADMIN_TOKEN": "", "KVTOLL_SECRET": ""}
+
+
+@pytest.fixture
+def billing_db(env: dict[str, str]) -> Iterator[sessionmaker[Session]]:
+    upgrade(env["KVTOLL_DATABASE_URL"])
+    engine = make_engine(env["KVTOLL_DATABASE_URL"])
+    yield session_factory(engine)
+    engine.dispose()
+
+
+def _ask(client: openai.OpenAI, model: str) -> tuple[str, int]:
+    out = client.chat.completions.create(
+        model=model, max_tokens=8, temperature=0,
+        messages=[{"role": "system", "content": SYSTEM},
+                  {"role": "user", "content": "Name a colour."}],
+    )
+    assert out.usage is not None and out.usage.prompt_tokens_details is not None
+    return out.choices[0].message.content or "", out.usage.prompt_tokens_details.cached_tokens or 0
+
+
+def _check_prefix_cache_and_isolation(port: int, model: str, tenants: Tenants) -> None:
+    a = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=tenants.key_a,
+                      max_retries=0, timeout=120)
+    b = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=tenants.key_b,
+                      max_retries=0, timeout=120)
+    assert [m.id for m in a.models.list()] == [model]
+    assert _ask(a, model)[1] == 0
+    assert _ask(b, model)[1] == 0  # same prompt, other tenant: no hit
+    text, cached = _ask(a, model)
+    assert cached > 0 and text
+
+
+def test_serve_in_front_of_a_worker(
+    env: dict[str, str], billing_db: sessionmaker[Session]
+) -> None:
+    tenants = seed(billing_db, model="kvtoll-tiny")
+    worker_port, proxy_port = free_port(), free_port()
+    worker = _kvtoll("worker", "--model", "kvtoll-tiny", "--port", str(worker_port),
+                     "--num-blocks", "96", "--max-model-len", "512", env=env)
+    try:
+        _wait_healthy(worker_port, worker, 120)
+        proxy = _kvtoll("serve", "--port", str(proxy_port), "--worker",
+                        f"http://127.0.0.1:{worker_port}", env=env)
+        try:
+            _wait_healthy(proxy_port, proxy, 120)
+            _check_prefix_cache_and_isolation(proxy_port, "kvtoll-tiny", tenants)
+        finally:
+            _stop(proxy)
+    finally:
+        _stop(worker)
+    rows = settled_rows(billing_db, 3)
+    assert {r.worker for r in rows} == {f"http://127.0.0.1:{worker_port}"}
+    assert rows[-1].cached_tokens > 0 and rows[-1].billed_pico < rows[-1].list_pico
+
+
+@pytest.mark.slow
+def test_readme_serve_command_with_the_real_model(
+    env: dict[str, str], billing_db: sessionmaker[Session]
+) -> None:
+    from engine.factory import bundled_model_path
+
+    model = bundled_model_path().stem  # the served name: the GGUF file's stem
+    tenants = seed(billing_db, model=model)
+    port = free_port()
+    proxy = _kvtoll("serve", "--port", str(port), env=env)
+    try:
+        _wait_healthy(port, proxy, 300)
+        _check_prefix_cache_and_isolation(port, model, tenants)
+    finally:
+        _stop(proxy)
+    assert len(settled_rows(billing_db, 3)) == 3
