@@ -78,6 +78,8 @@ def generate(
                 if tenant is not None
                 else list(tenants_to_invoice(session, month))
             )
+            if not tenants:
+                typer.echo(f"no tenant existed or used anything before {month.label} ended")
             for row in tenants:
                 invoice = close_period(session, row, month)
                 session.commit()
