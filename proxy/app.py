@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi import APIRouter, FastAPI, Request
@@ -91,28 +92,15 @@ def create_app(
     problem = settings.admin_token_problem()
     if problem:
         raise ValueError(problem)
-    secret = settings.server_secret()
+    settings.server_secret()  # raises ValueError without one (outside dev mode)
     if not models:
         raise ValueError("at least one model name is required")
     config = config or ProxyConfig()
     metrics = ProxyMetrics.create()
-    outbox = Outbox.in_dir(settings.data_dir, fsync_every_put=config.outbox_fsync)
-    metrics.outbox_depth.set(outbox.depth())
-    meter = Meter(session_factory, outbox, metrics,
-                  retry_interval_s=config.ledger_retry_interval_s)
-    pool = UpstreamPool(upstreams, metrics)
     limiter = limiter or _limiter(settings, config, metrics, ratelimit_prefix)
-    authenticator = KeyAuthenticator(
-        session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size
-    )
-    intake = Intake(config, authenticator, limiter, PromptCounter(tokenizer), metrics,
-                    models=models, context_len=context_len)
-    gateway = Gateway(pool=pool, meter=meter, metrics=metrics, config=config,
-                      server_secret=secret, tokenizer=tokenizer, semantic=semantic,
-                      router=router)
-    state = ProxyState(settings=settings, config=config, session_factory=session_factory,
-                       metrics=metrics, intake=intake, gateway=gateway, pool=pool, meter=meter,
-                       outbox=outbox, limiter=limiter, models=tuple(models))
+    gateway_parts = _GatewayParts(tokenizer, context_len, semantic, router)
+    state = _build_state(settings, config, metrics, upstreams, session_factory, models,
+                         limiter, gateway_parts)
     app = FastAPI(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.kvtoll = state
     app.state.kvtoll_resources = tuple(resources)
@@ -125,6 +113,38 @@ def create_app(
     for extra in extra_routers:
         app.include_router(extra)
     return app
+
+
+@dataclass(frozen=True)
+class _GatewayParts:
+    tokenizer: Tokenizer | None
+    context_len: int | None
+    semantic: SemanticCacheHook | None
+    router: RouterHook | None
+
+
+def _build_state(
+    settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
+    upstreams: Sequence[Upstream], session_factory: sessionmaker[Session],
+    models: Sequence[str], limiter: RateLimiter, parts: _GatewayParts,
+) -> ProxyState:
+    """Wire auth, intake, metering, the upstream pool and the gateway together."""
+    outbox = Outbox.in_dir(settings.data_dir, fsync_every_put=config.outbox_fsync)
+    metrics.outbox_depth.set(outbox.depth())
+    meter = Meter(session_factory, outbox, metrics,
+                  retry_interval_s=config.ledger_retry_interval_s)
+    pool = UpstreamPool(upstreams, metrics)
+    authenticator = KeyAuthenticator(
+        session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size
+    )
+    intake = Intake(config, authenticator, limiter, PromptCounter(parts.tokenizer), metrics,
+                    models=models, context_len=parts.context_len)
+    gateway = Gateway(pool=pool, meter=meter, metrics=metrics, config=config,
+                      server_secret=settings.server_secret(), tokenizer=parts.tokenizer,
+                      semantic=parts.semantic, router=parts.router)
+    return ProxyState(settings=settings, config=config, session_factory=session_factory,
+                      metrics=metrics, intake=intake, gateway=gateway, pool=pool, meter=meter,
+                      outbox=outbox, limiter=limiter, models=tuple(models))
 
 
 @contextlib.asynccontextmanager
