@@ -186,8 +186,7 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
 
     def _abort_everything(self, exc: BaseException) -> None:
-        for rid in list(self.engine._requests):
-            self.engine.abort_request(rid)
+        self.engine.abort_all()
         self._fail_all(RuntimeError(f"engine step failed: {exc}"))
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -103,6 +103,10 @@ class LLMEngine:
                 chunks.append(chunk)
         return chunks
 
+    def abort_all(self) -> list[GenerationChunk]:
+        """Abort every request (used when a step failed); their final chunks."""
+        return [c for rid in list(self._requests) for c in self.abort_request(rid)]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
