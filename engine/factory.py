@@ -79,7 +79,6 @@ def tiny_llama_config(vocab_size: int = ByteTokenizer.vocab_size) -> LlamaConfig
 def _build_model(
     cfg: LlamaConfig, state: dict[str, torch.Tensor] | None, dtype: str, device: str, seed: int
 ) -> LlamaForCausalLM:
-    torch.manual_seed(seed) if state is None else None
     with torch.device("meta" if state is not None else "cpu"):
         model = LlamaForCausalLM(cfg)
     if state is not None:
@@ -124,8 +123,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     else:
         raise ValueError(f"model: {path} is neither a .gguf file nor a safetensors directory")
     model = _build_model(cfg, state, config.dtype, config.device, config.seed)
-    name = config.served_model_name or path.stem if not path.is_dir() else path.name
-    return LoadedModel(config.served_model_name or name, cfg, model, tok)
+    name = config.served_model_name or (path.name if path.is_dir() else path.stem)
+    return LoadedModel(name, cfg, model, tok)
 
 
 def make_backend(name: str, device: str) -> AttentionBackend:
@@ -168,12 +167,11 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     )
     kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
-    vocab = min(lm.config.vocab_size, getattr(lm.tokenizer, "vocab_size", lm.config.vocab_size))
     limits = Limits(
         max_len,
         config.max_n,
         config.max_logprobs,
-        max(vocab, lm.config.vocab_size),
+        lm.config.vocab_size,
         config.block_size,
         n_blocks,
     )

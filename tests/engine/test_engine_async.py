@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from engine.api import (
     EngineRejected,
@@ -17,6 +18,7 @@ from engine.api import (
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_engine
 from engine.kv.hashing import TenantSalt, hash_prompt_blocks
+from engine.runner import RunnerSeq
 
 PROMPT = tuple(range(3, 43))  # 40 tokens: 2 full blocks
 
@@ -106,6 +108,37 @@ def test_prefix_hit_reports_cached_tokens_and_kv_events(tiny_model: LoadedModel)
             assert hash_prompt_blocks(PROMPT, 16, salt) == stored[:2]
             assert engine.kv_events(len(events)) == []
             assert engine.kv_events(1, limit=1) == events[1:2]
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_step_fails_the_stream_instead_of_hanging(tiny_model: LoadedModel) -> None:
+    async def scenario() -> None:
+        engine = build_engine(EngineConfig.tiny(), tiny_model)
+        real_execute = engine.engine.runner.execute
+        calls = 0
+
+        def flaky(batch: list[RunnerSeq]) -> torch.Tensor:  # fault injection in the runner
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise RuntimeError("device lost")
+            return real_execute(batch)
+
+        engine.engine.runner.execute = flaky  # type: ignore[method-assign]
+        try:
+            with pytest.raises(RuntimeError, match="device lost"):
+                await asyncio.wait_for(
+                    _collect(engine, GenerationRequest("f", PROMPT, SamplingParams(max_tokens=50))),
+                    30,
+                )
+            await _wait_idle(engine, engine.load().num_total_blocks)
+            ok = await _collect(
+                engine, GenerationRequest("g", PROMPT, SamplingParams(max_tokens=3))
+            )
+            assert ok[-1].finish_reason is not None
         finally:
             await engine.close()
 
