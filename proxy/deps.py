@@ -14,6 +14,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
 from billing.accounts import KeyIdentity
+from billing.models import TenantId
 from engine.serving.errors import INVALID_REQUEST, OpenAIError
 from proxy.settings import Settings
 from proxy.state import ProxyState
@@ -53,6 +54,14 @@ async def get_key(
 
 
 KeyDep = Annotated[KeyIdentity, Depends(get_key)]
+
+
+async def get_tenant_id(identity: KeyDep) -> TenantId:
+    """The caller's tenant, derived from its key (never from the request body)."""
+    return identity.tenant_id
+
+
+TenantDep = Annotated[TenantId, Depends(get_tenant_id)]
 
 
 def require_admin(
