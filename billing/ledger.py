@@ -5,8 +5,10 @@ time (no price: zero amounts and ``price_id`` NULL) and inserts it with
 ``INSERT ... ON CONFLICT (request_id) DO NOTHING``. The unique ``request_id`` makes a
 retry (outbox replay, a second proxy replica) a no-op, also under concurrent
 writers: PostgreSQL makes the second inserter wait for the first and then skip;
-SQLite serialises writers (WAL + busy timeout). Database errors propagate: the
-caller keeps the entry (the proxy's outbox) and replays it later.
+SQLite serialises writers (WAL + busy timeout). Each row actually inserted is
+also added, in the same transaction, to the hourly rollup that the usage views
+read (:mod:`billing.usage_rollup`); a duplicate adds nothing. Database errors
+propagate: the caller keeps the entry (the proxy's outbox) and replays it later.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.pricing import price_in_force
 from billing.rating import ZERO_CHARGE, Usage, rate, validate_usage
+from billing.usage_rollup import RollupDeltas
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,7 @@ def write_usage(factory: sessionmaker[Session], entry: LedgerEntry) -> bool:
     Raises ``ValueError`` for an impossible entry and SQLAlchemy errors for database
     failures; it never drops a row silently.
     """
-    with factory.begin() as session:
-        return _insert_ignoring_duplicate(session, _row_values(session, entry))
+    return write_usage_many(factory, [entry]) == 1
 
 
 def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEntry]) -> int:
@@ -138,10 +140,16 @@ def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEnt
 
     All or nothing: on any error nothing is written and the error propagates.
     """
+    deltas = RollupDeltas()
+    inserted = 0
     with factory.begin() as session:
-        return sum(
-            _insert_ignoring_duplicate(session, _row_values(session, entry)) for entry in entries
-        )
+        for entry in entries:
+            values = _row_values(session, entry)
+            if _insert_ignoring_duplicate(session, values):
+                deltas.add(values)
+                inserted += 1
+        deltas.apply(session)
+    return inserted
 
 
 def get_usage(session: Session, request_id: str) -> UsageRecord | None:

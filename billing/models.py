@@ -1,4 +1,5 @@
-"""SQLAlchemy 2 typed models: tenants, API keys, prices, the usage ledger, invoices.
+"""SQLAlchemy 2 typed models: tenants, API keys, prices, the usage ledger and its
+hourly rollup, invoices.
 
 Money is stored as integer picodollars (1e-12 USD) so that SQLite and PostgreSQL
 add it up exactly; :mod:`billing.money` converts to and from ``Decimal``. Prices
@@ -187,6 +188,33 @@ class UsageRecord(Base):
     billed_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)
     invoice_id: Mapped[int | None] = mapped_column(ForeignKey("invoices.id"), nullable=True)
+
+
+NO_API_KEY = ""  # api_key_id of requests made without a key, in the rollup's key
+
+
+class UsageHourly(Base):
+    """Ledger sums per UTC hour and group, kept in the ledger insert's transaction.
+
+    One row per ``(tenant_id, hour, model, api_key_id, served_by)``; a request
+    without a key counts under :data:`NO_API_KEY` (a key column cannot be NULL:
+    NULLs never conflict in a unique index). See :mod:`billing.usage_rollup`.
+    """
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (Index("ix_usage_hourly_hour", "hour"),)
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UtcDateTime(), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    served_by: Mapped[ServedBy] = mapped_column(_enum_column(ServedBy, 16), primary_key=True)
+    num_requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    billed_pico: Mapped[int] = mapped_column(BigInteger)
+    list_pico: Mapped[int] = mapped_column(BigInteger)
 
 
 class Invoice(Base):

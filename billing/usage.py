@@ -1,14 +1,19 @@
-"""Aggregate queries over the usage ledger: time buckets, per model / key / tenant.
+"""Aggregate usage queries: time buckets, per model / key / tenant, exact.
 
-Algorithm: one ``SELECT`` per question, aggregated in SQL so that a month of a
-busy tenant never leaves the database row by row. Buckets are UTC-aligned hours or
-days. For one tenant on PostgreSQL, ``generate_series`` lists the bucket starts
-and a ``LATERAL`` subquery aggregates each bucket's ``(tenant_id, created_at)``
-index range: nothing is sorted or hashed by a computed bucket, which measured
-~1.7x faster than ``GROUP BY date_trunc(...)`` at 160k rows a month. Across
-tenants (operator views) and on SQLite the bucket is computed per row
-(``date_trunc('day', timezone('UTC', created_at))`` / ``strftime``) and grouped.
-JIT is switched off for the transaction: compiling costs more than it saves here.
+Algorithm: one ``SELECT`` per question, aggregated in SQL. The range
+``[start, end)`` is split at whole UTC hours:
+
+    start    first whole hour                 last whole hour    end
+      |-- ledger --|======== usage_hourly (rollup) ========|-- ledger --|
+
+The whole hours are read from the hourly rollup (:mod:`billing.usage_rollup`,
+kept in the ledger insert's transaction, so it is exact); the partial hours at
+either edge (at most one each) from the ledger rows themselves. The parts are
+``UNION ALL``-ed, bucketed (``date_trunc(unit, timezone('UTC', at))`` on
+PostgreSQL, ``strftime`` on SQLite: a UTC day is the sum of its UTC hours) and
+grouped. A month of a busy tenant is ~720 x groups rollup rows, however many
+requests it made; no per-process cache is needed. JIT is switched off on
+PostgreSQL: compiling costs more than these short aggregates save.
 
 Token layers (a partition of every token the tenant sent or received):
 
@@ -30,10 +35,21 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, DateTime, Select, case, column, func, select, text, true
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    Select,
+    Subquery,
+    case,
+    func,
+    literal,
+    select,
+    text,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
-from billing.models import ServedBy, UsageRecord
+from billing.models import NO_API_KEY, ServedBy, UsageHourly, UsageRecord
 
 
 class BucketWidth(enum.StrEnum):
@@ -143,36 +159,36 @@ class UsageRow:
     totals: UsageTotals
 
 
-def _semantic_sum(column: Any) -> ColumnElement[Any]:
-    return func.sum(case((UsageRecord.served_by == ServedBy.SEMANTIC, column), else_=0))
-
-
-def _aggregates() -> list[ColumnElement[Any]]:
+def _aggregates(source: Subquery) -> list[ColumnElement[Any]]:
     """Columns in the order of :class:`UsageTotals`' fields."""
-    r = UsageRecord
+    c = source.c
+    semantic = c.served_by == ServedBy.SEMANTIC
+
+    def semantic_sum(value: Any) -> ColumnElement[Any]:
+        return func.sum(case((semantic, value), else_=0))
+
     return [
-        func.count(),
-        _semantic_sum(1),
-        func.sum(r.prompt_tokens),
-        func.sum(r.cached_tokens),
-        func.sum(r.completion_tokens),
-        _semantic_sum(r.prompt_tokens),
-        _semantic_sum(r.cached_tokens),
-        _semantic_sum(r.completion_tokens),
-        func.sum(r.billed_pico),
-        func.sum(r.list_pico),
+        func.sum(c.num_requests),
+        semantic_sum(c.num_requests),
+        func.sum(c.prompt_tokens),
+        func.sum(c.cached_tokens),
+        func.sum(c.completion_tokens),
+        semantic_sum(c.prompt_tokens),
+        semantic_sum(c.cached_tokens),
+        semantic_sum(c.completion_tokens),
+        func.sum(c.billed_pico),
+        func.sum(c.list_pico),
     ]
 
 
-def bucket_expression(dialect: str, width: BucketWidth) -> ColumnElement[Any]:
-    """SQL for the UTC start of ``created_at``'s bucket (a naive UTC timestamp or text)."""
+def bucket_expression(dialect: str, width: BucketWidth, at: Any) -> ColumnElement[Any]:
+    """SQL for the UTC start of the bucket of timestamp ``at`` (naive UTC or text)."""
     if dialect == "postgresql":
         unit = "hour" if width is BucketWidth.HOUR else "day"
-        utc = func.timezone("UTC", UsageRecord.created_at)
-        return func.date_trunc(unit, utc, type_=DateTime())
+        return func.date_trunc(unit, func.timezone("UTC", at), type_=DateTime())
     if dialect == "sqlite":
         pattern = "%Y-%m-%d %H:00:00" if width is BucketWidth.HOUR else "%Y-%m-%d 00:00:00"
-        return func.strftime(pattern, UsageRecord.created_at)
+        return func.strftime(pattern, at)
     raise ValueError(f"unsupported database dialect {dialect!r}")
 
 
@@ -183,102 +199,86 @@ def _as_utc(value: Any) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _key_columns(query: UsageQuery) -> list[Any]:
-    by_name: dict[GroupBy, Any] = {
-        GroupBy.TENANT: UsageRecord.tenant_id,
-        GroupBy.MODEL: UsageRecord.model,
-        GroupBy.API_KEY: UsageRecord.api_key_id,
-    }
-    return [by_name[group] for group in GroupBy if group in query.group_by]
-
-
-def _group_columns(query: UsageQuery, dialect: str) -> list[ColumnElement[Any]]:
-    columns: list[ColumnElement[Any]] = []
-    if query.width is not None:
-        columns.append(bucket_expression(dialect, query.width).label("bucket"))
-    return columns + _key_columns(query)
-
-
-def _uses_bucket_scans(query: UsageQuery, dialect: str) -> bool:
-    return dialect == "postgresql" and query.width is not None and query.tenant_id is not None
-
-
 def bucket_floor(moment: datetime, width: BucketWidth) -> datetime:
     """The UTC start of the bucket holding ``moment``."""
     step = int(width.delta.total_seconds())
     return datetime.fromtimestamp(int(moment.timestamp()) // step * step, UTC)
 
 
-def _bucket_series(query: UsageQuery) -> tuple[Any, Any]:
-    """``generate_series`` of the bucket starts of ``query``: (from-clause, bucket column)."""
-    assert query.width is not None
-    first = bucket_floor(query.start, query.width)
-    last = query.end - timedelta(microseconds=1)
-    series = func.generate_series(first, last, query.width.delta)
-    buckets = series.table_valued(column("bucket", DateTime(timezone=True))).render_derived("b")
-    return buckets, buckets.c.bucket
+def _rollup_part(query: UsageQuery, start: datetime, end: datetime) -> Select[Any]:
+    """Rollup rows of the whole hours ``[start, end)``."""
+    h = UsageHourly
+    columns: list[Any] = [
+        h.tenant_id, h.model, func.nullif(h.api_key_id, NO_API_KEY).label("api_key_id"),
+        h.served_by, h.hour.label("at"), h.num_requests, h.prompt_tokens, h.cached_tokens,
+        h.completion_tokens, h.billed_pico, h.list_pico,
+    ]
+    stmt = select(*columns).where(h.hour >= start, h.hour < end)
+    return stmt if query.tenant_id is None else stmt.where(h.tenant_id == query.tenant_id)
 
 
-def _bucket_scans(query: UsageQuery, columns: list[Any] | None = None) -> Select[Any]:
-    """PostgreSQL, one tenant: one index range scan per bucket (``LATERAL``).
+def _ledger_part(query: UsageQuery, start: datetime, end: datetime) -> Select[Any]:
+    """Ledger rows of ``[start, end)``, one request each."""
+    r = UsageRecord
+    columns: list[Any] = [
+        r.tenant_id, r.model, r.api_key_id, r.served_by, r.created_at.label("at"),
+        literal(1).label("num_requests"), r.prompt_tokens, r.cached_tokens,
+        r.completion_tokens, r.billed_pico, r.list_pico,
+    ]
+    stmt = select(*columns).where(r.created_at >= start, r.created_at < end)
+    return stmt if query.tenant_id is None else stmt.where(r.tenant_id == query.tenant_id)
 
-    Each bucket aggregates its own ``(tenant_id, created_at)`` range, so no row
-    is bucketed, sorted or hashed by an expression: the cost is the rows read.
+
+def _source(query: UsageQuery, from_ledger: bool) -> Subquery:
+    """The rows to aggregate: rollup for the whole hours, ledger for the edges."""
+    first = bucket_floor(query.start, BucketWidth.HOUR)
+    if first < query.start:
+        first += BucketWidth.HOUR.delta
+    last = bucket_floor(query.end, BucketWidth.HOUR)
+    if from_ledger or first >= last:
+        return _ledger_part(query, query.start, query.end).subquery("u")
+    parts = [_rollup_part(query, first, last)]
+    parts += [
+        _ledger_part(query, lo, hi) for lo, hi in ((query.start, first), (last, query.end))
+        if lo < hi
+    ]
+    return union_all(*parts).subquery("u")
+
+
+def _group_columns(query: UsageQuery, dialect: str, source: Subquery) -> list[Any]:
+    columns: list[Any] = []
+    if query.width is not None:
+        columns.append(bucket_expression(dialect, query.width, source.c.at).label("bucket"))
+    by_name = {GroupBy.TENANT: "tenant_id", GroupBy.MODEL: "model", GroupBy.API_KEY: "api_key_id"}
+    return columns + [source.c[by_name[g]] for g in GroupBy if g in query.group_by]
+
+
+def build_statement(query: UsageQuery, dialect: str, *, from_ledger: bool = False) -> Select[Any]:
+    """The aggregate ``SELECT`` for ``query`` (exposed for EXPLAIN in benchmarks).
+
+    ``from_ledger`` reads every ledger row instead of the rollup (a benchmark peer).
     """
-    assert query.width is not None
-    r, step = UsageRecord, query.width.delta
-    buckets, bucket = _bucket_series(query)
-    keys = _key_columns(query) if columns is None else []
-    per_bucket = select(*keys, *(columns if columns is not None else _aggregates())).where(
-        r.tenant_id == query.tenant_id,
-        r.created_at >= func.greatest(bucket, query.start),
-        r.created_at < func.least(bucket + step, query.end),
-    )
-    if keys:
-        per_bucket = per_bucket.group_by(*keys)
-    inner = per_bucket.lateral("a")
-    stmt = select(bucket, *inner.c).select_from(buckets).join(inner, true())
-    return stmt.order_by(bucket, *(inner.c[i] for i in range(len(keys))))
-
-
-def supports_bucket_counts(session: Session, query: UsageQuery) -> bool:
-    """True if :func:`bucket_row_counts` can serve ``query`` (PostgreSQL, one tenant)."""
-    return _uses_bucket_scans(query, session.get_bind().dialect.name)
-
-
-def bucket_row_counts(session: Session, query: UsageQuery) -> dict[datetime, int]:
-    """Rows per bucket (by bucket start), counted from the index alone where it can."""
-    if not supports_bucket_counts(session, query):
-        raise ValueError("bucket counts need PostgreSQL, a tenant and a bucket width")
-    session.execute(text("SET LOCAL jit = off"))
-    stmt = _bucket_scans(query, [func.count()])
-    return {_as_utc(start): int(count) for start, count in session.execute(stmt)}
-
-
-def build_statement(query: UsageQuery, dialect: str) -> Select[Any]:
-    """The aggregate ``SELECT`` for ``query`` (exposed for EXPLAIN in benchmarks)."""
-    if _uses_bucket_scans(query, dialect):
-        return _bucket_scans(query)
-    keys = _group_columns(query, dialect)
-    stmt = select(*keys, *_aggregates()).where(
-        UsageRecord.created_at >= query.start, UsageRecord.created_at < query.end
-    )
-    if query.tenant_id is not None:
-        stmt = stmt.where(UsageRecord.tenant_id == query.tenant_id)
+    source = _source(query, from_ledger)
+    keys = _group_columns(query, dialect, source)
+    stmt = select(*keys, *_aggregates(source))
     if keys:
         stmt = stmt.group_by(*keys).order_by(*keys)
     return stmt
 
 
-def aggregate_usage(session: Session, query: UsageQuery) -> list[UsageRow]:
+def aggregate_usage(
+    session: Session, query: UsageQuery, *, from_ledger: bool = False
+) -> list[UsageRow]:
     """Run ``query``; rows ordered by bucket then group keys. No rows, no groups."""
+    if query.start == query.end:
+        return []
     dialect = session.get_bind().dialect.name
-    num_keys = len(_group_columns(query, dialect))
+    num_keys = len(query.group_by) + (query.width is not None)
     if dialect == "postgresql":
         # JIT compilation costs more than these short aggregates ever save.
         session.execute(text("SET LOCAL jit = off"))
     result: list[UsageRow] = []
-    for row in session.execute(build_statement(query, dialect)):
+    for row in session.execute(build_statement(query, dialect, from_ledger=from_ledger)):
         values = tuple(row)
         totals = UsageTotals(*(int(v or 0) for v in values[num_keys:]))
         if totals.num_requests == 0:

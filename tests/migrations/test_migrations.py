@@ -23,7 +23,9 @@ from billing.migrate import (
 from billing.models import Base
 from migrations.location import script_location
 
-TABLES = {"tenants", "api_keys", "prices", "usage_ledger", "invoices", "invoice_lines"}
+TABLES = {
+    "tenants", "api_keys", "prices", "usage_ledger", "usage_hourly", "invoices", "invoice_lines"
+}
 
 
 def _tables(url: str) -> set[str]:
@@ -114,7 +116,7 @@ def test_autogenerate_finds_nothing_new_and_the_template_renders(
     assert script is not None and not isinstance(script, list)
     source = Path(script.path).read_text()
     compile(source, script.path, "exec")
-    assert "down_revision: str | None = '0001'" in source
+    assert "down_revision: str | None = '0002'" in source
     upgrade_body = source.split("def upgrade() -> None:")[1].split("def downgrade")[0]
     statements = [line.strip() for line in upgrade_body.splitlines() if line.strip()]
     assert [line for line in statements if not line.startswith("#")] == ["pass"]
