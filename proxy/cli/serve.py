@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         semantic_cache: Annotated[
             bool, typer.Option("--semantic-cache/--no-semantic-cache",
                                help="L3 semantic cache (loads the MiniLM embedder)")
-        ] = False,
+        ] = True,
         routing_policy: Annotated[
             str, typer.Option(help="Prefix-routing policy when --worker is given")
         ] = "cache_aware",

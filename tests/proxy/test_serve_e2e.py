@@ -67,17 +67,16 @@ def billing_db(env: dict[str, str]) -> Iterator[sessionmaker[Session]]:
     engine.dispose()
 
 
-def _ask(client: openai.OpenAI, model: str) -> tuple[str, int]:
+def _ask(client: openai.OpenAI, model: str, user: str = "Name a colour.") -> tuple[str, int]:
     out = client.chat.completions.create(
         model=model, max_tokens=8, temperature=0,
-        messages=[{"role": "system", "content": SYSTEM},
-                  {"role": "user", "content": "Name a colour."}],
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
     )
     assert out.usage is not None and out.usage.prompt_tokens_details is not None
     return out.choices[0].message.content or "", out.usage.prompt_tokens_details.cached_tokens or 0
 
 
-def _check_prefix_cache_and_isolation(port: int, model: str, tenants: Tenants) -> None:
+def _check_prefix_cache_and_isolation(port: int, model: str, tenants: Tenants) -> openai.OpenAI:
     a = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=tenants.key_a,
                       max_retries=0, timeout=120)
     b = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=tenants.key_b,
@@ -87,6 +86,7 @@ def _check_prefix_cache_and_isolation(port: int, model: str, tenants: Tenants) -
     assert _ask(b, model)[1] == 0  # same prompt, other tenant: no hit
     text, cached = _ask(a, model)
     assert cached > 0 and text
+    return a
 
 
 def test_serve_in_front_of_a_worker(
@@ -98,7 +98,7 @@ def test_serve_in_front_of_a_worker(
                      "--num-blocks", "96", "--max-model-len", "512", env=env)
     try:
         _wait_healthy(worker_port, worker, 120)
-        proxy = _kvtoll("serve", "--port", str(proxy_port), "--worker",
+        proxy = _kvtoll("serve", "--port", str(proxy_port), "--no-semantic-cache", "--worker",
                         f"http://127.0.0.1:{worker_port}", env=env)
         try:
             _wait_healthy(proxy_port, proxy, 120)
@@ -124,7 +124,15 @@ def test_readme_serve_command_with_the_real_model(
     proxy = _kvtoll("serve", "--port", str(port), env=env)
     try:
         _wait_healthy(port, proxy, 300)
-        _check_prefix_cache_and_isolation(port, model, tenants)
+        client = _check_prefix_cache_and_isolation(port, model, tenants)
+        # another question under the same system prompt: a prefix hit, not a semantic one
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, max_tokens=8, temperature=0,
+            messages=[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": "Which planet is largest?"}],
+        )
+        assert raw.headers["x-kvtoll-cache"] == "prefix"
     finally:
         _stop(proxy)
-    assert len(settled_rows(billing_db, 3)) == 3
+    rows = settled_rows(billing_db, 4)
+    assert rows[-1].cached_tokens > 0 and rows[-1].billed_pico < rows[-1].list_pico
