@@ -35,18 +35,23 @@ def whole_response(kind: Kind, meta: ResponseMeta, tally: Tally) -> dict[str, An
     if tally.usage is None:
         raise RuntimeError("a finished response must carry usage")
     build = chat_completion if kind == "chat" else text_completion
-    return build(meta, tally.choices(), usage_of(tally.usage))
+    body = build(meta, tally.choices(), usage_of(tally.usage))
+    for choice in body["choices"]:
+        choice["logprobs"] = tally.logprobs(choice["index"])
+    return body
 
 
 def _delta_frame(kind: Kind, meta: ResponseMeta, delta: UpstreamDelta, first: bool) -> bytes:
     if kind == "chat":
-        return sse_event(
-            chat_chunk(
-                meta, delta.index, role="assistant" if first else None,
-                content=delta.text, finish_reason=delta.finish_reason,
-            )
+        chunk = chat_chunk(
+            meta, delta.index, role="assistant" if first else None,
+            content=delta.text, finish_reason=delta.finish_reason,
         )
-    return sse_event(text_chunk(meta, delta.index, delta.text, delta.finish_reason))
+    else:
+        chunk = text_chunk(meta, delta.index, delta.text, delta.finish_reason)
+    if delta.logprobs:
+        chunk["choices"][0]["logprobs"] = delta.logprobs
+    return sse_event(chunk)
 
 
 async def sse_frames(

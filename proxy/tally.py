@@ -9,6 +9,7 @@ send one delta per decoded token or fewer, so this never over-bills).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from engine.api import Tokenizer
 from engine.serving.responses import ChoiceResult
@@ -24,6 +25,7 @@ class Tally:
         self._tokenizer = tokenizer
         self._texts: dict[int, list[str]] = {}
         self._finish: dict[int, str | None] = {}
+        self._logprobs: dict[int, dict[str, Any]] = {}
         self._num_text_deltas = 0
         self.usage: UpstreamUsage | None = None
         self.first_token_at: float | None = None
@@ -41,6 +43,13 @@ class Tally:
                 self.first_token_at = time.perf_counter()
         if item.finish_reason is not None:
             self._finish[item.index] = item.finish_reason
+        if item.logprobs:
+            merged = self._logprobs.setdefault(item.index, {})
+            for name, value in item.logprobs.items():
+                if isinstance(value, list):
+                    merged.setdefault(name, []).extend(value)
+                else:
+                    merged.setdefault(name, value)
 
     @property
     def produced_anything(self) -> bool:
@@ -48,6 +57,10 @@ class Tally:
 
     def text(self, index: int) -> str:
         return "".join(self._texts.get(index, ()))
+
+    def logprobs(self, index: int) -> dict[str, Any] | None:
+        """The choice's logprobs, the deltas' lists concatenated (None if none were sent)."""
+        return self._logprobs.get(index)
 
     def completion_tokens(self) -> int:
         """Reported completion tokens, else recounted from the text received."""

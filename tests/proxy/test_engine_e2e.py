@@ -106,3 +106,24 @@ def test_streaming_usage_reports_cached_tokens(
     assert settled_rows(db, 2)[-1].cached_tokens == usage.prompt_tokens_details.cached_tokens
     completions = client.completions.create(model=engine.model_name, prompt=SYSTEM, max_tokens=3)
     assert completions.usage is not None and completions.usage.completion_tokens <= 3
+
+
+def test_logprobs_pass_through(
+    world: tuple[LiveServer, Tenants], engine: AsyncEngine
+) -> None:
+    server, tenants = world
+    client = _client(server, tenants.key_a)
+    out = client.chat.completions.create(
+        model=engine.model_name, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2,
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    content = out.choices[0].logprobs.content if out.choices[0].logprobs else None
+    assert content is not None and len(content) == out.usage.completion_tokens  # type: ignore[union-attr]
+    assert all(len(t.top_logprobs) == 2 for t in content)
+    stream = client.completions.create(
+        model=engine.model_name, prompt="abc", max_tokens=3, temperature=0, logprobs=1,
+        stream=True,
+    )
+    tokens = [t for c in stream for t in (c.choices[0].logprobs.tokens or [])  # type: ignore[union-attr]
+              if c.choices and c.choices[0].logprobs]
+    assert len(tokens) == 3
