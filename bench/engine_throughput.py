@@ -161,13 +161,30 @@ def prefix_reuse(loaded: LoadedModel, config: EngineConfig, prefix_len: int) -> 
     }
 
 
+def dtype_speed(threads: int | None) -> dict[str, Any]:
+    """Same small workload (16 x 128-token prompts, 16 new tokens) in each dtype."""
+    work = make_workload(16, (128, 128), (16, 16), seed=1)
+    out: dict[str, Any] = {}
+    for dtype in ("float32", "bfloat16"):
+        config = EngineConfig(
+            dtype=dtype, num_kv_blocks=512, max_model_len=2048, num_threads=threads
+        )
+        out[dtype] = run_engine(load_model(config), config, work)["output_tokens_per_s"]
+    out["faster"] = max(("float32", "bfloat16"), key=lambda d: out[d])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts and outputs")
     ap.add_argument("--dtype", default=EngineConfig().dtype, choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--dtypes", action="store_true", help="only compare float32 vs bfloat16 speed")
     args = ap.parse_args()
+    if args.dtypes:
+        print(json.dumps({"dtype_output_tokens_per_s": dtype_speed(args.threads)}, indent=2))
+        return
     if args.quick:
         work = make_workload(16, (32, 256), (16, 64), seed=0)
     else:
