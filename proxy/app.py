@@ -132,7 +132,8 @@ def _build_state(
     outbox = Outbox.in_dir(settings.data_dir, fsync_every_put=config.outbox_fsync)
     metrics.outbox_depth.set(outbox.depth())
     meter = Meter(session_factory, outbox, metrics,
-                  retry_interval_s=config.ledger_retry_interval_s)
+                  retry_interval_s=config.ledger_retry_interval_s,
+                  batch_delay_s=config.ledger_batch_delay_s)
     pool = UpstreamPool(upstreams, metrics)
     authenticator = KeyAuthenticator(
         session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size

@@ -47,5 +47,6 @@ class ProxyConfig:
     upstream_first_byte_timeout_s: float = 60.0
     upstream_idle_timeout_s: float = 60.0
     ledger_retry_interval_s: float = 2.0  # outbox drain retries while the DB is failing
+    ledger_batch_delay_s: float = 0.2  # ledger rows trail responses by about this much
     outbox_fsync: bool = False  # fsync every usage record (survives power loss, slower)
     health_check_interval_s: float = 5.0
