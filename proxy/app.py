@@ -174,6 +174,7 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await state.gateway.aclose()
+        await state.meter.drain()  # a graceful stop leaves nothing behind if the DB is up
         await state.limiter.aclose()
         await state.pool.aclose()
         await asyncio.to_thread(state.outbox.close)
