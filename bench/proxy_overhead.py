@@ -11,8 +11,12 @@ peer is the same client calling the upstream directly, in the same run::
     throughput: closed loop with --concurrency clients for --seconds, through the gateway
                 (and directly, for reference); every process shares this machine's cores
 
-    python bench/proxy_overhead.py [--requests 400] [--upstream-ms 5] [--concurrency 32]
-        [--seconds 8]
+    python bench/proxy_overhead.py [--requests 400] [--rounds 3] [--upstream-ms 5]
+        [--concurrency 32] [--seconds 8]
+
+Also reported: CPU milliseconds per request of the gateway and upstream processes
+(from /proc) and the load average, since on a shared machine the scheduler, not the
+code, dominates the added latency.
 
 Prints one JSON object. Goal: p50 added <= 1 ms.
 """
@@ -148,9 +152,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(*args: str) -> subprocess.Popen[bytes]:
+def spawn(*args: str, nice: int = 0) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, __file__, *args], cwd=ROOT, env=env)
+    return subprocess.Popen([sys.executable, __file__, *args], cwd=ROOT, env=env,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -244,20 +249,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     key = seed_database(database_url)
     up_port, gw_port = free_port(), free_port()
     direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    procs = [spawn("--serve-upstream", str(args.upstream_ms), str(up_port))]
+    if args.nice:
+        os.nice(args.nice)  # this process (the clients); the servers get the same below
+    procs = [spawn("--serve-upstream", str(args.upstream_ms), str(up_port), nice=args.nice)]
     try:
         wait_ready(direct, procs[0])
         procs.append(spawn("--serve-gateway", direct, database_url, str(tmp / "data"),
-                           str(gw_port)))
+                           str(gw_port), nice=args.nice))
         wait_ready(proxied, procs[1])
-        cpu_before = [cpu_seconds(p.pid) for p in procs]
-        latency = measure_latency(direct, proxied, key, args.requests)
-        cpu_after = [cpu_seconds(p.pid) for p in procs]
-        per_request = [(a - b) * 1000 / (args.requests + 20) for a, b in zip(cpu_after,
-                                                                           cpu_before,
-                                                                           strict=True)]
-        latency["upstream_cpu_ms_per_request"] = round(per_request[0] / 2, 3)
-        latency["gateway_cpu_ms_per_request"] = round(per_request[1], 3)
+        rounds = []
+        for _ in range(args.rounds):
+            cpu_before = [cpu_seconds(p.pid) for p in procs]
+            latency = measure_latency(direct, proxied, key, args.requests)
+            cpu_after = [cpu_seconds(p.pid) for p in procs]
+            per_request = [(a - b) * 1000 / (args.requests + 20)
+                           for a, b in zip(cpu_after, cpu_before, strict=True)]
+            latency["upstream_cpu_ms_per_request"] = round(per_request[0] / 2, 3)
+            latency["gateway_cpu_ms_per_request"] = round(per_request[1], 3)
+            latency["load_average_1m"] = os.getloadavg()[0]
+            rounds.append(latency)
         through = asyncio.run(_closed_loop(proxied, key, args.concurrency, args.seconds))
         reference = asyncio.run(_closed_loop(direct, key, args.concurrency, args.seconds))
     finally:
@@ -267,14 +277,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "proxy_overhead",
         "cpu_count": os.cpu_count(),
+        "nice": args.nice,
         "upstream_latency_ms": args.upstream_ms,
         "requests_per_variant": args.requests,
-        "latency": latency,
-        "goal_p50_added_le_1ms": latency["added_p50_ms"] <= 1.0,
+        "latency_rounds": rounds,
+        "added_p50_ms_median_of_rounds": statistics.median(r["added_p50_ms"] for r in rounds),
+        "added_p99_ms_median_of_rounds": statistics.median(r["added_p99_ms"] for r in rounds),
+        "goal_p50_added_le_1ms": statistics.median(r["added_p50_ms"] for r in rounds) <= 1.0,
         "throughput": {"concurrency": args.concurrency, "seconds": args.seconds,
                        "proxied": through, "direct": reference},
         "ledger_rows": ledger_rows(database_url),
-        "ledger_rows_expected_min": args.requests + 20,
+        "ledger_rows_expected_min": args.rounds * (args.requests + 20),
     }
 
 
@@ -290,6 +303,10 @@ def main() -> None:
     parser.add_argument("--upstream-ms", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--nice", type=int, default=0,
+                        help="niceness for every benchmark process (negative needs root; "
+                             "on a shared machine it keeps other work from preempting them)")
     print(json.dumps(run(parser.parse_args()), indent=2))
 
 
