@@ -138,13 +138,16 @@ def write_usage(factory: sessionmaker[Session], entry: LedgerEntry) -> bool:
 def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEntry]) -> int:
     """Record several entries in one transaction (outbox replay); returns how many were new.
 
-    All or nothing: on any error nothing is written and the error propagates.
+    All or nothing: on any error nothing is written and the error propagates. Rows
+    are inserted in request id order (the first of several equal ids wins), so two
+    writers replaying overlapping batches lock the same ids in the same order and
+    cannot deadlock; rollup rows are then updated in key order, for the same reason.
     """
     deltas = RollupDeltas()
     inserted = 0
     with factory.begin() as session:
-        for entry in entries:
-            values = _row_values(session, entry)
+        all_values = [_row_values(session, entry) for entry in entries]
+        for values in sorted(all_values, key=lambda v: str(v["request_id"])):
             if _insert_ignoring_duplicate(session, values):
                 deltas.add(values)
                 inserted += 1
