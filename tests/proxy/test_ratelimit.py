@@ -6,6 +6,9 @@ import asyncio
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from proxy.config import RateLimitDefaults
@@ -137,3 +140,39 @@ def test_http_429_with_redis(
     with LiveServer(apps[0]) as one, LiveServer(apps[1]) as two:
         responses = _hammer(one.url, tenants.key_a, 1) + _hammer(two.url, tenants.key_a, 2)
         _check_429(responses)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["k1", "k2"]), st.integers(1, 80), st.floats(0, 30)),
+        max_size=60,
+    ),
+    rpm=st.integers(1, 6),
+    tpm=st.integers(50, 300),
+)
+@hypothesis_settings(max_examples=60, deadline=None)
+def test_local_limits_hold_in_every_window(
+    steps: list[tuple[str, int, float]], rpm: int, tpm: int
+) -> None:
+    """Per key and window: admitted requests <= rpm; admitted tokens <= tpm, except
+    that a single request bigger than tpm may be the first of an empty window."""
+    clock = Clock(0.0)
+    limiter = LocalRateLimiter(clock)
+    limits = KeyLimits(requests_per_minute=rpm, tokens_per_minute=tpm)
+    admitted: dict[tuple[str, int], list[int]] = {}
+
+    async def scenario() -> None:
+        for key, cost, advance in steps:
+            clock.now += advance
+            decision = await limiter.check(key, limits, cost)
+            window = int(clock.now // 60)
+            if decision.allowed:
+                admitted.setdefault((key, window), []).append(cost)
+            else:
+                assert 1 <= decision.retry_after_s <= 60
+                assert decision.limit in ("requests", "tokens")
+
+    _run(scenario())
+    for costs in admitted.values():
+        assert len(costs) <= rpm
+        assert sum(costs) <= tpm or (len(costs) == 1 and costs[0] > tpm)
