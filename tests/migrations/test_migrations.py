@@ -1,17 +1,22 @@
 from __future__ import annotations
 
 import multiprocessing
+import uuid
+from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import func, insert, inspect, select, text
+from sqlalchemy.orm import Session
 
-from billing.db import make_engine
+from billing.db import make_engine, session_factory
+from billing.ledger import LedgerEntry, write_usage
 from billing.migrate import (
     alembic_config,
     current_revision,
@@ -20,7 +25,16 @@ from billing.migrate import (
     is_up_to_date,
     upgrade,
 )
-from billing.models import Base
+from billing.models import (
+    ApiKey,
+    Base,
+    RequestStatus,
+    ServedBy,
+    Tenant,
+    TenantId,
+    UsageHourly,
+    UsageRecord,
+)
 from migrations.location import script_location
 
 TABLES = {
@@ -120,3 +134,83 @@ def test_autogenerate_finds_nothing_new_and_the_template_renders(
     upgrade_body = source.split("def upgrade() -> None:")[1].split("def downgrade")[0]
     statements = [line.strip() for line in upgrade_body.splitlines() if line.strip()]
     assert [line for line in statements if not line.startswith("#")] == ["pass"]
+
+
+def _old_ledger(url: str) -> list[dict[str, Any]]:
+    """A ledger written before 0002 (plain inserts: no rollup existed)."""
+    when = [
+        datetime(2026, 3, 9, 23, 59, 59, 999_999, tzinfo=UTC), datetime(2026, 3, 10, tzinfo=UTC),
+        datetime(2026, 3, 10, 0, 30, tzinfo=UTC), datetime(2026, 3, 10, 5, 29, tzinfo=UTC),
+    ]
+    now = datetime.now(UTC)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(insert(Tenant).values(id=1, name="old", created_at=now,
+                                                     semantic_allow_sampled=False,
+                                                     kv_reserved_blocks=0))
+        conn.execute(insert(ApiKey).values(id="key_old", tenant_id=1, key_hash="h",
+                                                     display_prefix="p", created_at=now))
+        rows = [
+            {"request_id": str(uuid.uuid4()), "tenant_id": 1, "model": "m",
+             "api_key_id": "key_old" if i % 2 else None,
+             "served_by": ServedBy.SEMANTIC if i == 2 else ServedBy.ENGINE,
+             "status": RequestStatus.OK, "prompt_tokens": 10 + i, "cached_tokens": i,
+             "completion_tokens": 3, "created_at": at, "recorded_at": now,
+             "billed_pico": 100 * i, "list_pico": 200 * i}
+            for i, at in enumerate(when)
+        ]
+        conn.execute(insert(UsageRecord), rows)
+    engine.dispose()
+    return rows
+
+
+def _hourly(url: str) -> dict[tuple[object, ...], tuple[int, ...]]:
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            return {
+                (h.hour, h.api_key_id, ServedBy(h.served_by)): (
+                    h.num_requests, h.prompt_tokens, h.cached_tokens, h.completion_tokens,
+                    h.billed_pico, h.list_pico)
+                for h in session.scalars(select(UsageHourly))
+            }
+    finally:
+        engine.dispose()
+
+
+def test_0002_backfills_the_rollup_in_utc_and_writes_continue_it(db_url: str) -> None:
+    if db_url.startswith("postgresql"):  # a session time zone 5:30 from UTC must not matter
+        engine = make_engine(db_url)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            name = engine.url.database
+            conn.execute(text(f"ALTER DATABASE \"{name}\" SET timezone TO 'Asia/Kolkata'"))
+        engine.dispose()
+    upgrade(db_url, "0001")
+    rows = _old_ledger(db_url)
+    upgrade(db_url)
+    day = datetime(2026, 3, 10, tzinfo=UTC)
+    assert _hourly(db_url) == {
+        (day - timedelta(hours=1), "", ServedBy.ENGINE): (1, 10, 0, 3, 0, 0),
+        (day, "key_old", ServedBy.ENGINE): (1, 11, 1, 3, 100, 200),
+        (day, "", ServedBy.SEMANTIC): (1, 12, 2, 3, 200, 400),
+        (day + timedelta(hours=5), "key_old", ServedBy.ENGINE): (1, 13, 3, 3, 300, 600),
+    }
+    engine = make_engine(db_url)
+    late = LedgerEntry(
+        request_id=str(uuid.uuid4()), tenant_id=TenantId(1), api_key_id=None, model="m",
+        served_by=ServedBy.ENGINE, status=RequestStatus.OK, prompt_tokens=5, cached_tokens=0,
+        completion_tokens=1, similarity=None, worker=None,
+        created_at=day - timedelta(minutes=1),
+    )
+    assert write_usage(session_factory(engine), late)
+    engine.dispose()
+    grown = _hourly(db_url)
+    assert len(grown) == 4  # the same rollup row as the backfill's, not a second one
+    assert grown[(day - timedelta(hours=1), "", ServedBy.ENGINE)] == (2, 15, 0, 4, 0, 0)
+    downgrade(db_url, "0001")
+    assert _tables(db_url) == TABLES - {"usage_hourly"}
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        count = conn.execute(select(func.count()).select_from(UsageRecord)).scalar()
+    engine.dispose()
+    assert count == len(rows) + 1
