@@ -371,6 +371,7 @@ class SemanticCache:
         last_sweep = time.monotonic()
         while True:
             try:
+                await asyncio.sleep(0)  # always yield, whatever the store does
                 await self.sync(self._config.sync_block_ms)
                 if time.monotonic() - last_sweep >= self._config.sweep_interval_s:
                     last_sweep = time.monotonic()

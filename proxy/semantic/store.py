@@ -16,6 +16,7 @@ FAISS mirror in sync. Times are seconds from an injected clock.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -185,7 +186,10 @@ class InMemoryStore:
     async def changes(
         self, cursor: str | None, block_ms: int
     ) -> tuple[str | None, list[ChangeEvent]]:
-        return cursor, []  # one process: the service already applied its own changes
+        # One process: the service already applied its own changes. Wait like a
+        # blocking read would, so that a follower loop never spins.
+        await asyncio.sleep(block_ms / 1000)
+        return cursor, []
 
     async def remember_request(self, tenant_id: str, request_id: str, entry_id: EntryId) -> None:
         now = self._clock()

@@ -134,3 +134,19 @@ async def test_concurrent_lookups_are_micro_batched(make_cache: MakeCache) -> No
     results = await asyncio.gather(*(cache.lookup_detailed("t", chat(t)) for t in texts))
     assert len(results) == 8
     assert cache._batcher.num_batches < 8 and cache._batcher.num_texts >= 9
+
+
+async def test_background_follower_does_not_starve_the_event_loop(make_cache: MakeCache) -> None:
+    import asyncio
+
+    cache = make_cache(sync_block_ms=50)
+    await cache.start()
+    try:
+        ticks = 0
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 5
+        assert await cache.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare"))
+    finally:
+        await cache.aclose()
