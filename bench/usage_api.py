@@ -1,14 +1,18 @@
 """Usage API latency over 1,000,000 ledger rows in PostgreSQL.
 
 Creates a dedicated database (dropped at the end), migrates it, loads the ledger
-with COPY, then times ``GET /v1/organization/usage/completions`` for one month at
-day granularity through the real HTTP route (httpx ASGI transport, bearer key),
-for the busiest tenant. Peers in the same run: the bare SQL aggregate (the floor
-the route cannot beat) and a naive "fetch the rows, add them up in Python" loop.
-The route keeps an exact per-bucket cache (``billing.usage_cache``): the first
-call aggregates every row, later calls only count rows per day (index-only) and
-aggregate again the days that changed; a late row is written to show that case.
-Prints one JSON object. Goal: p50 and p99 <= 200 ms.
+with COPY and builds the hourly rollup from it with one ``INSERT ... SELECT``
+(:func:`billing.usage_rollup.rebuild_rollup`), then times
+``GET /v1/organization/usage/completions`` for one month at day granularity
+through the real HTTP route (httpx ASGI transport, bearer key), for the busiest
+tenant: cold (the first call of a freshly started app with a fresh connection
+pool, several starts) and warm. The route reads the rollup, so cold and warm
+differ only by connection set-up. Peers in the same run: the same aggregate
+straight on the ledger (what the route cost before the rollup), and a naive
+"fetch the rows, add them up in Python" loop. A late row written through
+:func:`billing.ledger.write_usage` must show up in the next answer; the cost of
+keeping the rollup is shown as write latency with and without it.
+Prints one JSON object. Goal: cold p50 and p99 <= 200 ms.
 
     .venv/bin/python bench/usage_api.py [--rows 1000000] [--repeats 40]
 """
@@ -34,9 +38,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import create_key, create_tenant
 from billing.db import make_engine, session_factory
+from billing.ledger import LedgerEntry, _insert_ignoring_duplicate, _row_values, write_usage
 from billing.migrate import upgrade
+from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from billing.pricing import set_price
 from billing.usage import BucketWidth, UsageQuery, aggregate_usage, build_statement
+from billing.usage_rollup import rebuild_rollup
 from proxy.settings import load_settings
 from web.app import create_web_app
 
@@ -94,8 +101,8 @@ def _rows(layout: list, count: int, rng: random.Random) -> Iterator[tuple[Any, .
         )
 
 
-def _load(url: str, layout: list, count: int) -> float:
-    """COPY ``count`` rows; returns seconds taken (VACUUM ANALYZE included)."""
+def _load(url: str, layout: list, count: int) -> tuple[float, float]:
+    """COPY ``count`` ledger rows, then build the rollup; seconds for each (ANALYZE included)."""
     engine = make_engine(url)
     began = time.perf_counter()
     raw = engine.raw_connection()
@@ -109,18 +116,23 @@ def _load(url: str, layout: list, count: int) -> float:
         raw.close()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE usage_ledger"))
+    copied = time.perf_counter()
+    with session_factory(engine).begin() as session:
+        rebuild_rollup(session)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE usage_hourly"))
     engine.dispose()
-    return time.perf_counter() - began
+    return copied - began, time.perf_counter() - copied
 
 
 async def _time_route(
     app: Any, key: str, params: dict, repeats: int,
     path: str = "/v1/organization/usage/completions",
-) -> list[float]:
-    """Latency of every call in ms; the first call finds the bucket cache cold."""
+) -> tuple[list[float], dict]:
+    """Latency of every call in ms, and the last answer."""
     transport = httpx.ASGITransport(app=app)
     headers = {"Authorization": f"Bearer {key}"}
-    samples = []
+    samples, body = [], {}
     async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
         for _ in range(repeats):
             began = time.perf_counter()
@@ -128,32 +140,62 @@ async def _time_route(
             elapsed = time.perf_counter() - began
             response.raise_for_status()
             samples.append(elapsed * 1000)
+            body = response.json()
+    return samples, body
+
+
+def _cold_route(url: str, key: str, params: dict, starts: int) -> list[float]:
+    """The first call of a freshly started app (new engine, empty pool), ``starts`` times."""
+    samples = []
+    settings = load_settings(secret="bench-secret", admin_token=ADMIN_TOKEN)
+    for _ in range(starts):
+        engine = make_engine(url)
+        app = create_web_app(settings, session_factory(engine))
+        samples += asyncio.run(_time_route(app, key, params, 1))[0]
+        engine.dispose()
     return samples
 
 
-def _late_row(url: str, layout: list) -> None:
-    """One late ledger row inside the measured month (its day must be aggregated again)."""
-    engine = make_engine(url)
-    row = next(_rows(layout[:1], 1, random.Random(2)))
-    values = (*row[:9], MONTH[0] + timedelta(days=3), datetime.now(UTC), *row[11:])
-    raw = engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        with cursor.copy(f"COPY usage_ledger ({COLUMNS}) FROM STDIN") as copy:
-            copy.write_row(values)
-        raw.commit()
-    finally:
-        raw.close()
-        engine.dispose()
+def _requests_in(body: dict) -> int:
+    return sum(r["num_model_requests"] for b in body["data"] for r in b["results"])
 
 
-def _time_sql(factory: sessionmaker[Session], tenant_id: int, repeats: int) -> list[float]:
+def _bench_entry(tenant_id: int, key_id: str, when: datetime) -> LedgerEntry:
+    return LedgerEntry(
+        request_id=str(uuid.uuid4()), tenant_id=TenantId(tenant_id),
+        api_key_id=ApiKeyId(key_id), model=MODELS[0], served_by=ServedBy.ENGINE,
+        status=RequestStatus.OK, prompt_tokens=100, cached_tokens=40, completion_tokens=20,
+        similarity=None, worker="w0", created_at=when,
+    )
+
+
+def _time_writes(factory: sessionmaker[Session], layout: list, count: int) -> dict[str, Any]:
+    """``write_usage`` (ledger + rollup) against the bare ledger insert, same entries."""
+    tenant_id, key_ids = layout[0]
+    when = MONTH[1] + timedelta(days=2)  # outside the measured month
+    with_rollup, ledger_only = [], []
+    for _ in range(count):
+        began = time.perf_counter()
+        write_usage(factory, _bench_entry(tenant_id, key_ids[0], when))
+        with_rollup.append((time.perf_counter() - began) * 1000)
+        began = time.perf_counter()
+        with factory.begin() as session:
+            values = _row_values(session, _bench_entry(tenant_id, key_ids[0], when))
+            _insert_ignoring_duplicate(session, values)
+        ledger_only.append((time.perf_counter() - began) * 1000)
+    return {"write_usage_with_rollup": _summary(with_rollup),
+            "peer_ledger_insert_only": _summary(ledger_only)}
+
+
+def _time_sql(
+    factory: sessionmaker[Session], tenant_id: int, repeats: int, from_ledger: bool
+) -> list[float]:
     query = UsageQuery(MONTH[0], MONTH[1], tenant_id, width=BucketWidth.DAY)
     samples = []
     with factory() as session:
         for _ in range(repeats):
             began = time.perf_counter()
-            aggregate_usage(session, query)
+            aggregate_usage(session, query, from_ledger=from_ledger)
             samples.append((time.perf_counter() - began) * 1000)
     return samples
 
@@ -192,10 +234,54 @@ def _summary(samples: list[float]) -> dict[str, float]:
         "p50_ms": round(statistics.median(samples), 1),
         "p99_ms": round(_percentile(samples, 0.99), 1),
         "min_ms": round(min(samples), 1),
+        "n": len(samples),
     }
 
 
-def run(base_url: str, rows: int, tenants: int, repeats: int) -> dict[str, Any]:
+def _count(factory: sessionmaker[Session], table: str, tenant_id: int | None = None) -> int:
+    where = "" if tenant_id is None else (
+        " WHERE tenant_id = :t AND created_at >= :a AND created_at < :b")
+    with factory() as session:
+        return int(session.execute(
+            text(f"SELECT count(*) FROM {table}{where}"),
+            {"t": tenant_id, "a": MONTH[0], "b": MONTH[1]},
+        ).scalar_one())
+
+
+def _measure(url: str, factory: sessionmaker[Session], layout: list, key: str,
+             repeats: int, cold_starts: int) -> dict[str, Any]:
+    busiest = layout[0][0]
+    params = {"start_time": int(MONTH[0].timestamp()), "end_time": int(MONTH[1].timestamp()),
+              "bucket_width": "1d", "limit": 31}
+    cold = _cold_route(url, key, params, cold_starts)
+    app = create_web_app(load_settings(secret="bench-secret", admin_token=ADMIN_TOKEN), factory)
+    warm, body = asyncio.run(_time_route(app, key, params, repeats))
+    grouped, _ = asyncio.run(_time_route(app, key, {**params, "group_by": "model"}, repeats))
+    admin_route, _ = asyncio.run(_time_route(
+        app, ADMIN_TOKEN, params, 5, "/admin/v1/organization/usage/completions"
+    ))
+    month_rows = _count(factory, "usage_ledger", busiest)
+    write_usage(factory, _bench_entry(busiest, layout[0][1][0], MONTH[0] + timedelta(days=3)))
+    after_late, late_body = asyncio.run(_time_route(app, key, params, 1))
+    return {
+        "busiest_tenant_rows_in_month": month_rows,
+        "route_month_by_day_cold": _summary(cold),
+        "route_month_by_day_warm": _summary(warm),
+        "route_month_by_day_group_by_model_warm": _summary(grouped),
+        "admin_route_all_tenants_month_by_day": _summary(admin_route),
+        "route_requests_equal_ledger_rows": _requests_in(body) == month_rows,
+        "route_after_one_late_row_ms": round(after_late[0], 1),
+        "late_row_counted": _requests_in(late_body) == month_rows + 1,
+        "sql_aggregate_from_rollup": _summary(_time_sql(factory, busiest, repeats, False)),
+        "peer_sql_aggregate_straight_on_ledger": _summary(
+            _time_sql(factory, busiest, max(5, repeats // 4), True)),
+        "peer_naive_python_aggregation_ms": round(_time_naive(factory, busiest), 1),
+        "plan": _plan(factory, busiest),
+        **_time_writes(factory, layout, 50),
+    }
+
+
+def run(base_url: str, rows: int, tenants: int, repeats: int, cold_starts: int) -> dict[str, Any]:
     name = f"kvtoll_bench_{uuid.uuid4().hex[:10]}"
     admin = create_engine(make_url(base_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -206,40 +292,15 @@ def run(base_url: str, rows: int, tenants: int, repeats: int) -> dict[str, Any]:
         engine = make_engine(url)
         factory = session_factory(engine)
         layout, key = _seed_accounts(factory, tenants)
-        load_s = _load(url, layout, rows)
-        busiest = layout[0][0]
-        with factory() as session:
-            month_rows = session.execute(
-                text("SELECT count(*) FROM usage_ledger WHERE tenant_id = :t"
-                     " AND created_at >= :a AND created_at < :b"),
-                {"t": busiest, "a": MONTH[0], "b": MONTH[1]},
-            ).scalar_one()
-        settings = load_settings(secret="bench-secret", admin_token=ADMIN_TOKEN)
-        app = create_web_app(settings, factory)
-        params = {"start_time": int(MONTH[0].timestamp()), "end_time": int(MONTH[1].timestamp()),
-                  "bucket_width": "1d", "limit": 31}
-        route = asyncio.run(_time_route(app, key, params, repeats + 1))
-        grouped = asyncio.run(_time_route(app, key, {**params, "group_by": "model"}, repeats + 1))
-        admin_route = asyncio.run(_time_route(
-            app, ADMIN_TOKEN, params, 5, "/admin/v1/organization/usage/completions"
-        ))
-        _late_row(url, layout)
-        after_late = asyncio.run(_time_route(app, key, params, 1))
+        copy_s, rollup_s = _load(url, layout, rows)
         result = {
             "bench": "usage_api",
             "ledger_rows": rows,
+            "rollup_rows": _count(factory, "usage_hourly"),
             "tenants": tenants,
-            "busiest_tenant_rows_in_month": month_rows,
-            "load_seconds": round(load_s, 1),
-            "route_month_by_day_cold_cache_ms": round(route[0], 1),
-            "route_month_by_day": _summary(route[1:]),
-            "route_month_by_day_group_by_model_cold_cache_ms": round(grouped[0], 1),
-            "route_month_by_day_group_by_model": _summary(grouped[1:]),
-            "route_after_one_late_row_ms": round(after_late[0], 1),
-            "admin_route_all_tenants_month_by_day": _summary(admin_route),
-            "peer_sql_aggregate_only": _summary(_time_sql(factory, busiest, repeats)),
-            "peer_naive_python_aggregation_ms": round(_time_naive(factory, busiest), 1),
-            "plan": _plan(factory, busiest),
+            "load_copy_seconds": round(copy_s, 1),
+            "build_rollup_seconds": round(rollup_s, 1),
+            **_measure(url, factory, layout, key, repeats, cold_starts),
             "goal_ms": 200,
             "load_average_1m": round(os.getloadavg()[0], 2),
             "cpu_count": os.cpu_count(),
@@ -259,8 +320,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--tenants", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--cold-starts", type=int, default=10)
     args = parser.parse_args()
-    print(json.dumps(run(args.database_url, args.rows, args.tenants, args.repeats), indent=2))
+    result = run(args.database_url, args.rows, args.tenants, args.repeats, args.cold_starts)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
