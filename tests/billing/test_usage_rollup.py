@@ -34,7 +34,7 @@ from billing.models import (
 )
 from billing.pricing import set_price
 from billing.usage import BucketWidth, GroupBy, UsageQuery, UsageTotals, aggregate_usage
-from billing.usage_rollup import rebuild_rollup
+from billing.usage_rollup import _add_generic, rebuild_rollup
 
 Factory = sessionmaker[Session]
 T0 = datetime(2026, 4, 30, 20, 10, tzinfo=UTC)  # not hour-aligned; the span crosses a day
@@ -248,3 +248,17 @@ def test_whole_hours_are_read_from_the_rollup(factory: Factory) -> None:
         assert aggregate_usage(session, day)[0].totals.num_requests == 2 + 2 * 5
         assert aggregate_usage(session, day, from_ledger=True)[0].totals.num_requests == 2
         assert aggregate_usage(session, edge)[0].totals.num_requests == 1
+
+
+def test_portable_fallback_adds_like_the_upsert(factory: Factory) -> None:
+    """Dialects without ``ON CONFLICT``: update, else insert; the same sums."""
+    tenant_id, _, _ = _tenant(factory, "generic")
+    values: dict[str, Any] = {
+        "tenant_id": tenant_id, "hour": H0, "model": "m", "api_key_id": "", "served_by": "engine",
+        "num_requests": 2, "prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 3,
+        "billed_pico": 7, "list_pico": 9,
+    }
+    with factory.begin() as session:
+        _add_generic(session, values)
+        _add_generic(session, values)
+    assert _rollup(factory) == {(tenant_id, H0, "m", "", "engine"): (4, 20, 8, 6, 14, 18)}
