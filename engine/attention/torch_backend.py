@@ -68,10 +68,15 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-        """[..., nb] block ids -> [..., nb * block_size, Hkv, D] contiguous context."""
-        g = cache[block_ids]
-        return g.reshape(*block_ids.shape[:-1], -1, cache.shape[2], cache.shape[3])
+    def _gather(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
+        """[..., nb] block ids -> contiguous [..., Hkv, length, D] context.
+
+        ``index_select`` on the flat block axis then one transposing copy: both much
+        cheaper on CPU than advanced indexing followed by strided matmuls.
+        """
+        rows = cache.index_select(0, block_ids.reshape(-1))  # [n*nb, bs, Hkv, D]
+        ctx = rows.view(*block_ids.shape[:-1], -1, cache.shape[2], cache.shape[3])
+        return ctx[..., :length, :, :].transpose(-3, -2).contiguous()
 
     def _decode(
         self,
@@ -84,21 +89,31 @@ class TorchAttentionBackend:
         qsl: list[int],
         out: torch.Tensor,
     ) -> None:
-        block_size = k_cache.shape[1]
+        """All decode rows at once, without transposing the gathered K/V.
+
+        K/V stay in their gathered ``[B, L, Hkv * D]`` layout. Each query head is
+        placed in its KV head's slot of a block-diagonal ``[B, H, Hkv * D]`` matrix
+        (zeros elsewhere), so one matmul gives every head's scores; the diagonal
+        blocks of ``P @ V`` are the outputs. Hkv times the (tiny) FLOPs, no copies.
+        """
+        _, block_size, hkv, d = k_cache.shape
         lens = [meta.seq_lens_cpu[i] for i in rows]
         max_len = max(lens)
         num_blocks = -(-max_len // block_size)
+        b, h = len(rows), q.shape[1]
         row_idx = torch.tensor(rows, dtype=torch.long, device=q.device)
-        tables = meta.block_tables.index_select(0, row_idx)[:, :num_blocks].long()
-        k = self._gather(k_cache, tables)[:, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
-        v = self._gather(v_cache, tables)[:, :max_len].transpose(1, 2)
+        ids = meta.block_tables.index_select(0, row_idx)[:, :num_blocks].reshape(-1).long()
+        k = k_cache.index_select(0, ids).view(b, -1, hkv * d)[:, :max_len].to(q.dtype)
+        v = v_cache.index_select(0, ids).view(b, -1, hkv * d)[:, :max_len].to(q.dtype)
         q_idx = torch.tensor([qsl[i] for i in rows], dtype=torch.long, device=q.device)
-        b, hkv = len(rows), k.shape[1]
-        qb = q.index_select(0, q_idx).view(b, hkv, -1, q.shape[-1])  # [B, Hkv, G, D]
+        qb = q.index_select(0, q_idx).view(b, hkv, 1, h // hkv, d)
+        eye = torch.eye(hkv, dtype=q.dtype, device=q.device).view(1, hkv, hkv, 1, 1)
+        q_diag = (qb * eye).transpose(2, 3).reshape(b, h, hkv * d)  # [B, H, Hkv*D]
         pos = torch.arange(max_len, device=q.device)
         pad = pos.unsqueeze(0) >= torch.tensor(lens, device=q.device).unsqueeze(1)  # [B, L]
-        o = _attend(qb, k.to(q.dtype), v.to(q.dtype), pad[:, None, None, :], scale)
-        out.index_copy_(0, q_idx, o.reshape(b, -1, q.shape[-1]))
+        o = _attend(q_diag, k, v, pad[:, None, :], scale).view(b, hkv, h // hkv, hkv, d)
+        o = torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, Hkv, G, D]
+        out.index_copy_(0, q_idx, o.reshape(b, h, d))
 
     def _prefill_one(
         self,
@@ -114,8 +129,8 @@ class TorchAttentionBackend:
         q_len, num_heads, head_dim = q.shape
         num_blocks = -(-seq_len // block_size)
         table = meta.block_tables[i, :num_blocks].long()
-        k = self._gather(k_cache, table)[:seq_len].transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
-        v = self._gather(v_cache, table)[:seq_len].transpose(0, 1).to(q.dtype)
+        k = self._gather(k_cache, table, seq_len).to(q.dtype)  # [Hkv, L, D]
+        v = self._gather(v_cache, table, seq_len).to(q.dtype)
         hkv = k.shape[0]
         qh = q.transpose(0, 1).reshape(hkv, num_heads // hkv, q_len, head_dim)  # [Hkv, G, Q, D]
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
