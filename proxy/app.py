@@ -2,7 +2,9 @@
 
 The caller builds the expensive parts (settings, database session factory, upstreams,
 optional semantic cache and router) and hands them in; the factory wires auth,
-admission, rate limiting, metering with its outbox, metrics and routes around them.
+admission, rate limiting, metering with its outbox, metrics and routes around them,
+and serves the web dashboards and usage APIs (:func:`web.app.include_web_routers`)
+with the gateway's cached key resolver and a worker-status view of the pool.
 Startup drains the usage outbox (entries left by a crashed process) and starts two
 background loops: the outbox drainer (:mod:`proxy.metering`) and upstream health
 checks. Shutdown stops them and
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,13 +23,14 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.accounts import KeyIdentity
 from billing.errors import BillingError
 from engine.api import Tokenizer
 from engine.serving.errors import error_response, install_error_handlers
 from proxy import admin
-from proxy.auth import KeyAuthenticator
+from proxy.auth import AuthError, KeyAuthenticator
 from proxy.config import ProxyConfig
-from proxy.hooks import RouterHook, SemanticCacheHook
+from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.intake import Intake, RateLimited
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
@@ -41,6 +44,7 @@ from proxy.service import Gateway
 from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream.base import Upstream
+from web.app import include_web_routers
 
 DEFAULT_RATELIMIT_PREFIX = "kvtoll:rl:"
 
@@ -82,13 +86,17 @@ def create_app(
     ratelimit_prefix: str = DEFAULT_RATELIMIT_PREFIX,
     resources: Sequence[Resource] = (),
     extra_routers: Sequence[APIRouter] = (),
+    fleet: FleetHook | None = None,
+    web: bool = True,
 ) -> FastAPI:
     """Build the gateway app. Raises ``ValueError`` if the settings are unsafe to serve
     with (admin token empty or well known, or no server secret, outside dev mode).
 
     ``resources`` (e.g. the semantic cache, the routing stack) are started in order at
     startup and closed in reverse order at shutdown; ``extra_routers`` are included
-    as they are (their dependencies can use :mod:`proxy.deps`)."""
+    as they are (their dependencies can use :mod:`proxy.deps`); ``fleet`` (the routing
+    stack) is bound to the upstream pool and the metrics registry; ``web`` adds the
+    dashboards and usage APIs."""
     problem = settings.admin_token_problem()
     if problem:
         raise ValueError(problem)
@@ -112,7 +120,37 @@ def create_app(
     app.include_router(admin.router)
     for extra in extra_routers:
         app.include_router(extra)
+    if fleet is not None:
+        fleet.bind(state.pool, metrics)
+    if web:
+        include_web_routers(
+            app, session_factory, settings, resolver=_key_resolver(state.intake.authenticator),
+            worker_status=fleet.worker_rows if fleet is not None else _pool_rows(state.pool),
+        )
     return app
+
+
+def _key_resolver(authenticator: KeyAuthenticator) -> Callable[[str], KeyIdentity | None]:
+    """Dashboard sign-in through the gateway's cached key lookup (same revocation TTL)."""
+
+    def resolve(plaintext: str) -> KeyIdentity | None:
+        try:
+            return authenticator.authenticate(f"Bearer {plaintext}")
+        except AuthError as exc:
+            if exc.status >= 500:
+                raise
+            return None
+
+    return resolve
+
+
+def _pool_rows(pool: UpstreamPool) -> Callable[[], list[Mapping[str, object]]]:
+    """Worker status for the admin dashboard when no fleet manager describes them."""
+
+    def rows() -> list[Mapping[str, object]]:
+        return [{"name": u.name, "healthy": pool.is_healthy(u.name)} for u in pool.upstreams]
+
+    return rows
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,23 @@
 
 The request flow (:mod:`proxy.service`) depends only on these Protocols; the
 semantic-cache and routing packages provide objects that satisfy them, handed to
-:func:`proxy.app.create_app` (``semantic=``, ``router=``). Both are optional: with
+:func:`proxy.app.create_app` (``semantic=``, ``router=``, ``fleet=``). Both are optional: with
 no semantic cache every request goes upstream, with no router the first healthy
 upstream (in the order given) is tried first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from billing.models import TenantId
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
+
+if TYPE_CHECKING:
+    from proxy.metrics import ProxyMetrics
+    from proxy.pool import UpstreamPool
 
 
 @dataclass(frozen=True)
@@ -81,4 +85,18 @@ class RouterHook(Protocol):
     ) -> None:
         """``request`` finished on ``upstream`` (success, error or abort); ``usage`` is the
         upstream's report when it sent one."""
+        ...
+
+
+class FleetHook(Protocol):
+    """A manager of the worker fleet (the routing stack): it may add and remove the
+    pool's upstreams as workers come and go, export its own metrics and describe the
+    workers for the admin dashboard."""
+
+    def bind(self, pool: UpstreamPool, metrics: ProxyMetrics) -> None:
+        """Called once by :func:`proxy.app.create_app`, before the app starts."""
+        ...
+
+    def worker_rows(self) -> list[Mapping[str, object]]:
+        """One row per worker (name, url, healthy, load...) for the admin dashboard."""
         ...

@@ -96,6 +96,11 @@ class Intake:
         self._context_len = context_len
         self._random = random.Random()
 
+    @property
+    def authenticator(self) -> KeyAuthenticator:
+        """The cached key lookup (the dashboards sign in through it too)."""
+        return self._auth
+
     def _new_request_id(self) -> str:
         """A random (version 4) UUID from a PRNG seeded by the OS once: request ids must be
         unique, not secret, and ``os.urandom`` costs a syscall per call."""
