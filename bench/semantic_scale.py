@@ -145,14 +145,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     qvec = embedder.embed_batched(queries)
     flat_ms: list[float] = []
     agree = 0
-    partition = next(iter(cache._partitions.values()))
+    key0 = cache.key_for("scale", body(texts[0]))
+    assert isinstance(key0, CacheKey)
+    partition = cache.mirror.index("scale", key0.partition)
+    assert partition is not None
     for row in qvec:
         t0 = time.perf_counter()
         _, ids = flat.search(row.reshape(1, -1), 1)
         flat_ms.append((time.perf_counter() - t0) * 1e3)
-        hnsw_best = partition.search(row, 1)
-        slot = cache._slots[hnsw_best[0][0]] if hnsw_best else None
-        agree += int(slot is not None and slot.prompt == texts[int(ids[0][0])])
+        hnsw_best = cache.mirror.search("scale", key0.partition, row, 1)
+        agree += int(bool(hnsw_best) and hnsw_best[0][0].prompt == texts[int(ids[0][0])])
     await cache.aclose()
     timings = [r.timing for r in results]
     return {

@@ -27,13 +27,12 @@ from typing import Any
 import numpy as np
 
 from proxy.semantic.embedder import Embedder, MicroBatcher
-from proxy.semantic.index import FaissIndex, VectorIndex
+from proxy.semantic.index import FaissIndex
 from proxy.semantic.keys import CacheKey, NotCacheable, PartitionKey, build_cache_key
+from proxy.semantic.mirror import IndexFactory, Mirror, Slot
 from proxy.semantic.stats import LookupResult, LookupTiming, SemanticHit, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
 from proxy.semantic.verifier import Verifier
-
-IndexFactory = Callable[[int], VectorIndex]
 
 
 @dataclass(frozen=True)
@@ -48,14 +47,6 @@ class SemanticConfig:
     embed_memo_size: int = 2048  # per-(tenant, text) embeddings kept between lookup and store
     sync_block_ms: int = 1000
     sweep_interval_s: float = 60.0
-
-
-@dataclass(frozen=True)
-class _Slot:
-    entry_id: EntryId
-    tenant_id: str
-    partition: PartitionKey
-    prompt: str
 
 
 class SemanticCache:
@@ -78,10 +69,7 @@ class SemanticCache:
         self._config = config or SemanticConfig()
         self._index_factory: IndexFactory = index_factory or FaissIndex
         self._clock = clock
-        self._partitions: dict[tuple[str, PartitionKey], VectorIndex] = {}
-        self._slots: dict[int, _Slot] = {}
-        self._int_ids: dict[EntryId, int] = {}
-        self._next_int = 0
+        self._mirror = Mirror(embedder.dim, self._index_factory)
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._cursor: str | None = None
         self._task: asyncio.Task[None] | None = None
@@ -90,6 +78,11 @@ class SemanticCache:
     @property
     def store_backend(self) -> EntryStore:
         return self._store
+
+    @property
+    def mirror(self) -> Mirror:
+        """This process's FAISS mirror (read it, don't change it)."""
+        return self._mirror
 
     def key_for(
         self, tenant_id: str | int, body: Mapping[str, Any], *, allow_sampled: bool = False
@@ -123,8 +116,9 @@ class SemanticCache:
         t0 = time.perf_counter()
         vector = await self._embed(key.tenant_id, key.query)
         t1 = time.perf_counter()
-        index = self._partitions.get((key.tenant_id, key.partition))
-        candidates = index.search(vector, self._config.num_candidates) if index else []
+        candidates = self._mirror.search(
+            key.tenant_id, key.partition, vector, self._config.num_candidates
+        )
         t2 = time.perf_counter()
         limit = self._threshold(threshold)
         scored = self._verify(key.query, candidates)
@@ -154,22 +148,21 @@ class SemanticCache:
         return self._verifier.default_threshold
 
     def _verify(
-        self, query: str, candidates: list[tuple[int, float]]
-    ) -> list[tuple[float, float, _Slot]]:
+        self, query: str, candidates: list[tuple[Slot, float]]
+    ) -> list[tuple[float, float, Slot]]:
         """(score, similarity, slot) of the candidates worth scoring, best score first."""
-        out: list[tuple[float, float, _Slot]] = []
-        for int_id, sim in candidates:
-            slot = self._slots.get(int_id)
-            if slot is None or sim < self._verifier.min_similarity:
-                continue
-            out.append((self._verifier.score(query, slot.prompt, sim), sim, slot))
+        out = [
+            (self._verifier.score(query, slot.prompt, sim), sim, slot)
+            for slot, sim in candidates
+            if sim >= self._verifier.min_similarity
+        ]
         out.sort(key=lambda item: -item[0])
         return out
 
     async def _first_live(
         self,
         tenant_id: str,
-        scored: list[tuple[float, float, _Slot]],
+        scored: list[tuple[float, float, Slot]],
         limit: float,
         request_id: str | None,
     ) -> SemanticHit | None:
@@ -178,7 +171,7 @@ class SemanticCache:
                 return None
             entry = await self._store.record_hit(tenant_id, slot.entry_id)
             if entry is None:  # expired or deleted by another replica
-                self._unmirror(slot.entry_id)
+                self._mirror.remove(slot.entry_id)
                 continue
             if request_id is not None:
                 await self._store.remember_request(tenant_id, request_id, entry.entry_id)
@@ -218,31 +211,29 @@ class SemanticCache:
             self.stats.store_errors += 1
             return None
         for entry_id in evicted:
-            self._unmirror(entry_id)
+            self._mirror.remove(entry_id)
         self.stats.evictions += len(evicted)
-        self._mirror(entry.entry_id, key.tenant_id, key.partition, key.query, entry.vector)
+        self._add_to_mirror(entry.entry_id, key.tenant_id, key.partition, key.query, entry.vector)
         self.stats.stored += 1
         return entry.entry_id
 
     def _same_prompt(self, key: CacheKey, vector: np.ndarray) -> EntryId | None:
-        index = self._partitions.get((key.tenant_id, key.partition))
-        for int_id, _ in index.search(vector, 1) if index else []:
-            slot = self._slots.get(int_id)
-            if slot is not None and slot.prompt == key.query:
+        for slot, _ in self._mirror.search(key.tenant_id, key.partition, vector, 1):
+            if slot.prompt == key.query:
                 return slot.entry_id
         return None
 
     async def delete(self, tenant_id: str | int, entry_id: str) -> bool:
         """Delete one of ``tenant_id``'s entries; False if it has no such entry."""
         tenant = str(tenant_id)
-        slot = self._slot_of(EntryId(entry_id))
+        slot = self._mirror.slot_of(EntryId(entry_id))
         try:
             deleted = await self._store.delete(tenant, EntryId(entry_id))
         except Exception:
             self.stats.store_errors += 1
             raise
         if slot is not None and slot.tenant_id == tenant:
-            self._unmirror(slot.entry_id)
+            self._mirror.remove(slot.entry_id)
             deleted = True
         return deleted
 
@@ -264,7 +255,7 @@ class SemanticCache:
         """Delete every entry of one tenant; returns how many the store held."""
         tenant = str(tenant_id)
         removed = await self._store.flush(tenant)
-        self._unmirror_tenant(tenant)
+        self._mirror.remove_tenant(tenant)
         return removed
 
     async def _embed(self, tenant_id: str, text: str) -> np.ndarray:
@@ -283,58 +274,22 @@ class SemanticCache:
 
     def num_mirrored(self, tenant_id: str | int | None = None) -> int:
         """Entries in the local FAISS mirror (one tenant's, or all)."""
-        if tenant_id is None:
-            return len(self._slots)
-        return sum(1 for s in self._slots.values() if s.tenant_id == str(tenant_id))
+        return self._mirror.count(None if tenant_id is None else str(tenant_id))
 
-    def _slot_of(self, entry_id: EntryId) -> _Slot | None:
-        int_id = self._int_ids.get(entry_id)
-        return None if int_id is None else self._slots.get(int_id)
-
-    def _mirror(
-        self,
-        entry_id: EntryId,
-        tenant_id: str,
-        partition: PartitionKey,
-        prompt: str,
+    def _add_to_mirror(
+        self, entry_id: EntryId, tenant_id: str, partition: PartitionKey, prompt: str,
         vector: np.ndarray,
-    ) -> None:
-        if entry_id in self._int_ids:
-            return
-        int_id = self._next_int
-        self._next_int += 1
-        index = self._partitions.get((tenant_id, partition))
-        if index is None:
-            index = self._partitions[(tenant_id, partition)] = self._index_factory(
-                self._embedder.dim
-            )
-        index.add(np.array([int_id], dtype=np.int64), vector.reshape(1, -1))
-        self._slots[int_id] = _Slot(entry_id, tenant_id, partition, prompt)
-        self._int_ids[entry_id] = int_id
-
-    def _unmirror(self, entry_id: EntryId) -> None:
-        int_id = self._int_ids.pop(entry_id, None)
-        if int_id is None:
-            return
-        slot = self._slots.pop(int_id)
-        index = self._partitions.get((slot.tenant_id, slot.partition))
-        if index is not None:
-            index.remove(np.array([int_id], dtype=np.int64))
-            if len(index) == 0:
-                del self._partitions[(slot.tenant_id, slot.partition)]
-
-    def _unmirror_tenant(self, tenant_id: str) -> None:
-        for entry_id in [s.entry_id for s in self._slots.values() if s.tenant_id == tenant_id]:
-            self._unmirror(entry_id)
+    ) -> None:  # fmt: skip
+        self._mirror.add(Slot(entry_id, tenant_id, partition, prompt), vector)
 
     def apply(self, event: ChangeEvent) -> None:
         """Mirror one change made elsewhere."""
         if event.op == "flush":
-            self._unmirror_tenant(event.tenant_id)
+            self._mirror.remove_tenant(event.tenant_id)
         elif event.op == "delete" and event.entry_id is not None:
-            self._unmirror(event.entry_id)
+            self._mirror.remove(event.entry_id)
         elif event.op == "put" and event.entry_id and event.partition and event.vector is not None:
-            self._mirror(
+            self._add_to_mirror(
                 event.entry_id, event.tenant_id, event.partition, event.prompt, event.vector
             )
 
@@ -342,7 +297,7 @@ class SemanticCache:
         """Rebuild the mirror from the store (on start); returns entries mirrored."""
         cursor, entries = await self._store.snapshot()
         for entry in entries:
-            self._mirror(
+            self._add_to_mirror(
                 entry.entry_id, entry.tenant_id, entry.partition, entry.prompt, entry.vector
             )
         self._cursor = cursor
@@ -359,7 +314,7 @@ class SemanticCache:
         """Delete expired entries from the store and the mirror."""
         removed = await self._store.expire()
         for _, entry_id in removed:
-            self._unmirror(entry_id)
+            self._mirror.remove(entry_id)
         return len(removed)
 
     async def start(self) -> None:
