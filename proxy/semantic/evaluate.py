@@ -157,16 +157,14 @@ async def run_pair_bench(
             await cache.lookup_detailed(BENCH_TENANT, _body(pairs[i].text_b), threshold=threshold)
         )
     await cache.aclose()
-    own_neg = other = correct = 0
-    for i, result in zip(queries, results, strict=True):
-        if result.hit is None:
-            continue
-        own = i in owners.get(result.hit.entry.entry_id, set())
-        correct += int(own and pairs[i].label == 1)
-        own_neg += int(own and pairs[i].label == 0)
-        other += int(not own)
-    hits = sum(1 for r in results if r.hit is not None)
+    outcomes = [_outcome(pairs[i], i, r, owners) for i, r in zip(queries, results, strict=True)]
+    hits = sum(1 for o in outcomes if o != "miss")
+    correct = outcomes.count("correct")
     positives = sum(pairs[i].label for i in queries)
+    heldout = [
+        (o, pairs[i].label) for i, o in zip(queries, outcomes, strict=True)
+        if qqp_split(pairs[i].text_a, pairs[i].text_b) == "heldout"
+    ]  # fmt: skip
     timings = [r.timing for r in results]
     return {
         "pairs": len(pairs),
@@ -175,8 +173,14 @@ async def run_pair_bench(
         "positives": positives,
         "threshold": threshold if threshold is not None else verifier.default_threshold,
         **_summary(hits, correct, positives, len(queries)),
-        "false_hits_own_pair_label_0": own_neg,
-        "false_hits_other_entry": other,
+        "false_hits_own_pair_label_0": outcomes.count("own_label_0"),
+        "false_hits_other_entry": outcomes.count("other_entry"),
+        "qqp_heldout_subset": _summary(
+            sum(1 for o, _ in heldout if o != "miss"),
+            sum(1 for o, _ in heldout if o == "correct"),
+            sum(label for _, label in heldout),
+            max(1, len(heldout)),
+        ),
         "verifier_rejections": cache.stats.rejections,
         "latency_ms": {
             "embed": _pct([t.embed_ms for t in timings]),
@@ -186,6 +190,15 @@ async def run_pair_bench(
         },
         "peer_gptcache_similarity_0.8": _peer(embedder, pairs, queries),
     }
+
+
+def _outcome(pair: Pair, i: int, result: LookupResult, owners: dict[EntryId, set[int]]) -> str:
+    """miss | correct | own_label_0 | other_entry."""
+    if result.hit is None:
+        return "miss"
+    if i not in owners.get(result.hit.entry.entry_id, set()):
+        return "other_entry"
+    return "correct" if pair.label == 1 else "own_label_0"
 
 
 def run_pair_bench_sync(pairs: list[Pair], **kwargs: Any) -> dict[str, Any]:
