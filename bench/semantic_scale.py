@@ -129,7 +129,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     queries: list[str] = []
     for i in range(args.queries):
         if i % 2 == 0:
-            text = texts[rng.randrange(len(texts))]
+            text = texts[rng.randrange(min(len(texts), args.embed_entries))]  # real vectors
             for old, new in REWORD:
                 text = text.replace(old, new)
             queries.append(text)
