@@ -1,7 +1,10 @@
 """Counting a request's prompt tokens for admission, rate limits and metering.
 
-With the upstream's tokenizer (the in-process engine) the count is exact and the
-token ids are handed to the upstream (no second tokenization). Without one (remote
+With the upstream's tokenizer (the in-process engine, or the workers' tokenizer
+loaded by the gateway) the count is exact and the ids are those the engine itself
+would make (the same chat-message mapping and special tokens, from
+:mod:`engine.serving.convert`): the in-process engine takes them as they are (no
+second tokenization) and the prefix router hashes them like the workers do. Without one (remote
 OpenAI-compatible servers) it is an estimate: ``ceil(utf8_bytes / 4)`` per text plus
 ``4`` per chat message for the template; the upstream's own usage is what gets billed
 whenever it reports one.
@@ -12,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.api import Tokenizer
+from engine.serving.convert import chat_messages, text_prompt_ids
 from engine.serving.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 BYTES_PER_TOKEN_ESTIMATE = 4
@@ -27,11 +31,6 @@ class PromptCount:
 
 def _estimate(text: str) -> int:
     return -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN_ESTIMATE)
-
-
-def chat_messages(request: ChatCompletionRequest) -> list[dict[str, object]]:
-    """Messages as plain ``{"role", "content"}`` dicts for a chat template."""
-    return [{"role": m.role, "content": m.text()} for m in request.messages]
 
 
 class PromptCounter:
@@ -61,7 +60,7 @@ class PromptCounter:
             if isinstance(prompt, list):
                 counts.append(tuple(prompt))
             elif self._tokenizer is not None:
-                counts.append(tuple(self._tokenizer.encode(prompt)))
+                counts.append(text_prompt_ids(self._tokenizer, prompt))
             else:
                 counts.append(_estimate(prompt))
         exact = all(isinstance(c, tuple) for c in counts)

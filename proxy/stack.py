@@ -3,7 +3,9 @@
 ::
 
     settings ─► billing DB (SQLite: migrated on start; PostgreSQL: must be at head)
-             ─► upstreams: --worker URL … → HttpUpstream each (+ prefix router)
+             ─► upstreams: --worker URL … → HttpUpstream each (+ prefix router; workers
+                           announced in Redis join the pool; the workers'
+                           tokenizer, see proxy.worker_tokenizer)
                            none          → the in-process engine (bundled SmolLM2)
              ─► semantic cache (MiniLM + FAISS; Redis-shared when KVTOLL_REDIS_URL)
              ─► proxy.app.create_app(...)
@@ -29,7 +31,7 @@ from billing.accounts import get_tenant_by_name
 from billing.db import make_engine, session_factory
 from engine.api import Tokenizer
 from proxy.app import Resource, create_app
-from proxy.hooks import RouterHook, SemanticCacheHook
+from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.settings import Settings
 from proxy.upstream.base import Upstream
 
@@ -43,6 +45,7 @@ class ServeOptions:
     workers: tuple[str, ...] = ()
     semantic: bool = True
     routing_policy: str = "cache_aware"
+    tokenizer: str = "auto"  # remote mode: see proxy.worker_tokenizer
 
 
 @dataclass
@@ -66,6 +69,7 @@ class _Parts:
     context_len: int | None = None
     semantic: SemanticCacheHook | None = None
     router: RouterHook | None = None
+    fleet: FleetHook | None = None
     resources: list[Resource] = field(default_factory=list)
     routers: list[APIRouter] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -114,6 +118,7 @@ def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
     upstreams: list[Upstream] = [HttpUpstream(HttpUpstreamConfig(base_url=u))
                                  for u in options.workers]
     parts = _Parts(upstreams, worker_models(options.workers))
+    parts.tokenizer = _worker_tokenizer(parts.models, options.tokenizer)
     redis = None
     if settings.redis_url:
         from redis.asyncio import Redis
@@ -122,8 +127,18 @@ def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
     stack = RoutingStack(RoutingOptions(policy=options.routing_policy),
                          [(u.name, u.name) for u in upstreams], redis=redis)
     parts.router = stack.hook
+    parts.fleet = stack.fleet
     parts.resources.append(stack)
     return parts
+
+
+def _worker_tokenizer(models: list[str], choice: str) -> Tokenizer | None:
+    from proxy.worker_tokenizer import worker_tokenizer
+
+    try:
+        return worker_tokenizer(models, choice)
+    except (OSError, ValueError) as exc:
+        raise StackError(f"cannot load the workers' tokenizer: {exc}") from exc
 
 
 def _local_parts(settings: Settings) -> _Parts:
@@ -187,7 +202,7 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
     except ValueError as exc:
         raise StackError(str(exc)) from None
     workers = tuple(check_worker_url(u) for u in options.workers)
-    options = ServeOptions(workers, options.semantic, options.routing_policy)
+    options = ServeOptions(workers, options.semantic, options.routing_policy, options.tokenizer)
     remote = _remote_parts(settings, options) if workers else None  # workers answer first
     factory = prepare_database(settings.database_url)
     parts = remote or _local_parts(settings)
@@ -196,7 +211,8 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
     app = create_app(
         settings, upstreams=parts.upstreams, session_factory=factory, models=parts.models,
         tokenizer=parts.tokenizer, context_len=parts.context_len, semantic=parts.semantic,
-        router=parts.router, resources=parts.resources, extra_routers=parts.routers,
+        router=parts.router, fleet=parts.fleet, resources=parts.resources,
+        extra_routers=parts.routers,
         **app_kwargs,
     )
     return Stack(app, tuple(parts.models), parts.closers)

@@ -67,6 +67,13 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, object]]:
     ]
 
 
+def text_prompt_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    """Token ids of one text prompt exactly as the engine receives them (special
+    tokens such as BOS added): the proxy tokenizes with this too, so its prefix
+    hashes match the worker's."""
+    return tuple(tokenizer.encode(text, add_special_tokens=True))
+
+
 def _reject_unsupported(request: OpenAIRequest) -> None:
     def unsupported(param: str, what: str) -> OpenAIError:
         return OpenAIError(
@@ -184,7 +191,7 @@ def prepare_completion(
     prompts: list[tuple[int, ...]] = []
     for item in items:
         if isinstance(item, str):
-            prompts.append(tuple(tokenizer.encode(item, add_special_tokens=True)))
+            prompts.append(text_prompt_ids(tokenizer, item))
         else:
             _check_token_ids(item, tokenizer)
             prompts.append(tuple(item))

@@ -10,28 +10,31 @@ line and exits 2 before the server starts.
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from proxy.cli.errors import fail
 from proxy.settings import load_settings
 
+if TYPE_CHECKING:
+    from proxy.stack import ServeOptions
+
 DEFAULT_PORT = 8000
 
 
-def _run(host: str, port: int, workers: tuple[str, ...], semantic: bool, policy: str) -> None:
+def _run(host: str, port: int, options: ServeOptions) -> None:
     import uvicorn
 
     from engine.cli import check_port_free
-    from proxy.stack import ServeOptions, build_stack
+    from proxy.stack import build_stack
 
     settings = load_settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         check_port_free(host, port)
-        stack = build_stack(settings, ServeOptions(workers, semantic, policy))
+        stack = build_stack(settings, options)
     except ValueError as exc:  # StackError and the port check
         fail(str(exc))
     try:
@@ -63,6 +66,14 @@ def register(app: typer.Typer) -> None:
         routing_policy: Annotated[
             str, typer.Option(help="Prefix-routing policy when --worker is given")
         ] = "cache_aware",
+        tokenizer: Annotated[
+            str, typer.Option(help="With --worker: the workers' tokenizer for exact prompt "
+                              "counts and prefix routing: auto (by model name), none, or a "
+                              ".gguf file / model directory")
+        ] = "auto",
     ) -> None:
         """Serve the OpenAI-compatible gateway (KVTOLL_* settings; see the README)."""
-        _run(host, port, tuple(worker or ()), semantic_cache, routing_policy)
+        from proxy.stack import ServeOptions
+
+        options = ServeOptions(tuple(worker or ()), semantic_cache, routing_policy, tokenizer)
+        _run(host, port, options)

@@ -1,5 +1,7 @@
 """Wiring for the gateway: the :class:`RoutingHook` (``proxy.hooks.RouterHook``) and
-:class:`RoutingStack`, which builds registry, event feeds, router and hook together.
+:class:`RoutingStack`, which builds registry, event feeds, router and hook together,
+plus the :class:`~proxy.routing.fleet.FleetSync` (``proxy.hooks.FleetHook``) that
+turns workers announced in Redis into the gateway's upstreams.
 
 The gateway hands the hook its healthy upstreams; the hook ranks them with the
 :class:`PrefixRouter` (upstream ``name`` = worker id) and tracks each request until
@@ -21,12 +23,14 @@ from redis.asyncio import Redis
 
 from engine.kv.hashing import hash_prompt_blocks
 from proxy.routing.events import EventFeeds, RedisEventConsumer
+from proxy.routing.fleet import FleetSync, UpstreamFactory
 from proxy.routing.index import ApproxIndex
 from proxy.routing.policy import Policy, make_policy
 from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.router import PrefixRouter, RoutePlan
 from proxy.routing.types import WorkerId
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
+from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig, make_client
 
 BYTES_PER_TOKEN = 4  # for prompts known only as text
 
@@ -160,9 +164,11 @@ class RoutingStack:
         static_workers: Sequence[tuple[str, str]],
         redis: Redis | None = None,
         policy: Policy | None = None,
+        make_upstream: UpstreamFactory | None = None,
     ) -> None:
         self.options = options
         self._http = httpx.AsyncClient(timeout=options.registry.check_timeout_s)
+        self._upstream_http: httpx.AsyncClient | None = None  # shared by announced workers
         self.registry = WorkerRegistry(
             options.registry, static_workers, redis=redis, http=self._http
         )
@@ -180,6 +186,7 @@ class RoutingStack:
         )
         self.feeds = EventFeeds(self.registry, self.router.precise, self._http, consumer)
         self.hook = RoutingHook(self.router, self.registry)
+        self.fleet = FleetSync(self.registry, self.router, make_upstream or self._http_upstream)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -191,9 +198,10 @@ class RoutingStack:
             raise ValueError(f"workers disagree on the KV block size: {sorted(sizes)}")
         if sizes:
             self.router.block_size = sizes.pop()  # hash prompts exactly as the workers do
+        await self.fleet.sync()
         self._stop.clear()
         self._tasks = [
-            asyncio.create_task(self.registry.run(self._stop)),
+            asyncio.create_task(self.registry.run(self._stop, self.fleet.sync)),
             asyncio.create_task(self.feeds.run(self._stop, self.options.events_interval_s)),
         ]
 
@@ -205,3 +213,13 @@ class RoutingStack:
                 await asyncio.wait_for(task, timeout=5)
         self._tasks = []
         await self._http.aclose()
+        if self._upstream_http is not None:
+            await self._upstream_http.aclose()
+
+    def _http_upstream(self, worker_id: WorkerId, url: str) -> Upstream:
+        """An announced kvtoll worker as an upstream named by its worker id (all of them
+        share one connection pool, closed with the stack)."""
+        config = HttpUpstreamConfig(base_url=url, name=worker_id)
+        if self._upstream_http is None:
+            self._upstream_http = make_client(config)
+        return HttpUpstream(config, client=self._upstream_http)

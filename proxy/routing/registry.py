@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -203,11 +203,16 @@ class WorkerRegistry:
                 log.info("worker %s left (heartbeat expired)", worker_id)
                 del self._entries[worker_id]
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Refresh every ``check_interval_s`` until ``stop`` is set."""
+    async def run(
+        self, stop: asyncio.Event, after_refresh: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Refresh every ``check_interval_s`` until ``stop`` is set, calling
+        ``after_refresh`` (the gateway's pool follower) after each round."""
         while not stop.is_set():
             try:
                 await self.refresh()
+                if after_refresh is not None:
+                    await after_refresh()
             except Exception:  # a Redis outage must not kill the loop
                 log.exception("worker registry refresh failed")
             with contextlib.suppress(TimeoutError):

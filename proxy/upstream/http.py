@@ -56,11 +56,22 @@ class HttpUpstreamConfig:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 300.0  # longest silence between two bytes
     max_connections: int = 256
+    name: str | None = None  # what ``x-kvtoll-worker`` shows; default: the root URL
 
     def root(self) -> str:
         """``base_url`` without a trailing ``/`` or ``/v1``."""
         url = self.base_url.rstrip("/")
         return url.removesuffix("/v1")
+
+
+def make_client(config: HttpUpstreamConfig) -> httpx.AsyncClient:
+    """A connection pool with ``config``'s timeouts and size."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            config.read_timeout_s, connect=config.connect_timeout_s, pool=config.connect_timeout_s
+        ),
+        limits=httpx.Limits(max_connections=config.max_connections),
+    )
 
 
 class HttpUpstream:
@@ -70,18 +81,11 @@ class HttpUpstream:
         self.config = config
         self._root = config.root()
         self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                config.read_timeout_s,
-                connect=config.connect_timeout_s,
-                pool=config.connect_timeout_s,
-            ),
-            limits=httpx.Limits(max_connections=config.max_connections),
-        )
+        self._client = client or make_client(config)
 
     @property
     def name(self) -> str:
-        return self._root
+        return self.config.name or self._root
 
     def request_body(self, request: UpstreamRequest) -> dict[str, Any]:
         """The body sent upstream: the client's, forced to stream with usage, with

@@ -2,9 +2,9 @@
 
 Requests sharing a long prefix land on the worker that holds it (``x-kvtoll-worker``,
 ``cached_tokens``) while unrelated traffic spreads; after a worker is killed, no
-request that had not begun streaming is lost. Prompts are token ids: in front of
-remote workers the gateway knows exact ids only for those (text needs the workers'
-tokenizer in the gateway).
+request that had not begun streaming is lost. Prompts are text and chat messages:
+the gateway loads the workers' tokenizer (``kvtoll-tiny``: the byte tokenizer) and
+hashes the same token ids the workers cache; token-id prompts route the same way.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.tokenizer import ByteTokenizer
 from tests.proxy.helpers import free_port
 
 KVTOLL = Path(sys.executable).with_name("kvtoll")
 ADMIN = "live-routing-admin-token-0123456789"
 MODEL = "kvtoll-tiny"
+BLOCK = 16  # the workers' KV block size
 
 pytestmark = [
     pytest.mark.slow,  # four processes start (about a minute on two shared cores)
@@ -115,13 +117,34 @@ def _api_key(base: str) -> str:
     return str(key.json()["key"])
 
 
-def _complete(base: str, key: str, prompt: list[int]) -> tuple[str, dict[str, Any]]:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+def _post(base: str, key: str, path: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     response = httpx.post(
-        f"{base}/v1/completions", json=body, timeout=60, headers={"Authorization": f"Bearer {key}"}
+        f"{base}{path}", json={"model": MODEL, "max_tokens": 2, **body}, timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
     )
     assert response.status_code == 200, response.text
     return response.headers["x-kvtoll-worker"], response.json()["usage"]
+
+
+def _complete(base: str, key: str, prompt: list[int] | str) -> tuple[str, dict[str, Any]]:
+    return _post(base, key, "/v1/completions", {"prompt": prompt})
+
+
+def _chat(base: str, key: str, system: str, user: str) -> tuple[str, dict[str, Any]]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return _post(base, key, "/v1/chat/completions", {"messages": messages})
+
+
+def _shared_blocks_tokens(a: list[int], b: list[int]) -> int:
+    """Tokens in the full blocks two prompts share (what a prefix hit can reuse)."""
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+    return min(common, len(b) - 1) // BLOCK * BLOCK
+
+
+def _chat_ids(system: str, user: str) -> list[int]:
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": system}, {"role": "user", "content": user}]
+    return ByteTokenizer().apply_chat_template(messages)
 
 
 def _cached(usage: dict[str, Any]) -> int:
@@ -136,19 +159,35 @@ def test_shared_prefix_lands_on_its_holder_and_a_killed_worker_loses_nothing(
     spread: Counter[str] = Counter()
     for i in range(4):
         spread[_complete(base, key, [10 + i] * 40)[0]] += 1
-    prefix = [(7 * i) % 200 + 30 for i in range(200)]  # 12 full blocks of 16 tokens
-    holder, _ = _complete(base, key, [*prefix, 1])
+    prefix = " ".join(f"clause {i} of the shared preamble;" for i in range(8))  # ~230 bytes
+    byte_ids = ByteTokenizer().encode
+    holder, _ = _complete(base, key, prefix + " first")
+    sent = [byte_ids(prefix + " first", True)]  # what the holder has cached
     time.sleep(1.0)  # the router polls KV events every 0.1 s
     for i in range(3):
-        worker, usage = _complete(base, key, [*prefix, 2 + i, 3])
+        text = f"{prefix} question {i}"
+        worker, usage = _complete(base, key, text)
         assert worker == holder
-        assert _cached(usage) == 192
-        spread[_complete(base, key, [20 + i] * (30 + i))[0]] += 1
+        expected = max(_shared_blocks_tokens(p, byte_ids(text, True)) for p in sent)
+        assert expected >= 12 * BLOCK and _cached(usage) == expected
+        sent.append(byte_ids(text, True))
+        spread[_complete(base, key, f"unrelated prompt number {i} " * (2 + i))[0]] += 1
     assert len(spread) >= 2  # unrelated traffic is not piled on one worker
+
+    system = "You are the support assistant of a company. " * 6  # a long shared system prompt
+    chat_holder, _ = _chat(base, key, system, "hello")
+    sent = [_chat_ids(system, "hello")]
+    time.sleep(1.0)
+    for user in ("what are your hours?", "where is my order?"):
+        worker, usage = _chat(base, key, system, user)
+        assert worker == chat_holder
+        expected = max(_shared_blocks_tokens(p, _chat_ids(system, user)) for p in sent)
+        assert expected >= 16 * BLOCK and _cached(usage) == expected
+        sent.append(_chat_ids(system, user))
 
     victim_url, victim = next((u, p) for u, p in workers if u == holder)
     victim.kill()
     victim.wait(timeout=10)
     for i in range(4):  # none of these had begun: each must be answered elsewhere
-        worker, _ = _complete(base, key, [*prefix, 100 + i])
+        worker, _ = _complete(base, key, f"{prefix} after the kill {i}")
         assert worker != victim_url
