@@ -72,11 +72,11 @@ class Reply:
     similarity: float | None = None
 
     def cache_header(self) -> str:
-        """``x-kvtoll-cache``: semantic | prefix | bypass | miss (prefix needs the usage)."""
+        """``x-kvtoll-cache``: semantic | prefix | bypass | miss (prefix: the usage, or the
+        first delta's counts for a response still streaming, reports cached tokens)."""
         if self.semantic:
             return "semantic"
-        usage = self.tally.usage
-        if usage is not None and usage.cached_tokens > 0:
+        if self.tally.prompt_cached() > 0:
             return "prefix"
         return "bypass" if self.no_cache else "miss"
 
@@ -160,7 +160,7 @@ class Gateway:
         flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)
         try:
-            upstream, source = await self._connect(request)
+            upstream, first, stream = await self._connect(request)
         except UpstreamRejected as exc:
             raise OpenAIError(str(exc), status=exc.status, param=exc.param,
                               code="upstream_rejected") from exc
@@ -169,7 +169,8 @@ class Gateway:
                 await self._finish(flight, RequestStatus.UPSTREAM_ERROR)
             raise
         flight.upstream = upstream
-        items = self._relay(flight, source)
+        flight.tally.note_prompt(first)  # the prompt counts, before the headers are sent
+        items = self._relay(flight, self._timed(first, stream))
         return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally)
 
     async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
@@ -178,8 +179,10 @@ class Gateway:
             return await self._router.rank(candidates, request)
         return candidates
 
-    async def _connect(self, request: UpstreamRequest) -> tuple[Upstream, AsyncIterator[Item]]:
-        """The first upstream that produces a first item, and its items (first included)."""
+    async def _connect(
+        self, request: UpstreamRequest
+    ) -> tuple[Upstream, Item, AsyncIterator[Item]]:
+        """The first upstream that produces a first item, that item and the rest."""
         problems: list[str] = []
         for upstream in await self._candidates(request):
             stream = upstream.stream(request)
@@ -199,7 +202,7 @@ class Gateway:
                 continue
             if self._router is not None:
                 await self._router.started(upstream, request)
-            return upstream, self._timed(first, stream)
+            return upstream, first, stream
         raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
 
     async def _timed(self, first: Item, stream: AsyncIterator[Item]) -> AsyncIterator[Item]:
@@ -302,8 +305,11 @@ def _billable_tokens(flight: _Flight) -> tuple[int, int, int]:
     if usage is not None:
         return usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens), (
             usage.completion_tokens)
-    if flight.tally.produced_anything:
-        return flight.prep.prompt.num_tokens, 0, flight.tally.completion_tokens()
+    if flight.tally.produced_anything:  # the usage never came: the deltas' counts
+        tally = flight.tally
+        prompt = tally.prompt_tokens if tally.prompt_tokens is not None else (
+            flight.prep.prompt.num_tokens)
+        return prompt, min(tally.prompt_cached(), prompt), tally.completion_tokens()
     return 0, 0, 0
 
 

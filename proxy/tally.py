@@ -1,5 +1,10 @@
 """Running totals of one response's stream: text per choice, finish reasons, usage.
 
+The prompt's token count and prefix-cached part, when the upstream sends them on
+its first delta (kvtoll engines and workers), are known before the usage item: the
+``x-kvtoll-cache`` header of a streamed response and the bill of a request whose
+usage never arrives use them.
+
 When the upstream's usage item never arrives (client gone, upstream died mid-way)
 the completion tokens are recounted from the text received: exactly with the
 tokenizer when the gateway has one, else one token per non-empty delta (engines
@@ -29,12 +34,27 @@ class Tally:
         self._num_text_deltas = 0
         self.usage: UpstreamUsage | None = None
         self.first_token_at: float | None = None
+        self.prompt_tokens: int | None = None  # as the upstream counted them before usage
+        self.cached_tokens: int | None = None  # ... and their prefix-cached part
+
+    def note_prompt(self, item: Item) -> None:
+        """Record the prompt counts a delta carries (idempotent; :meth:`add` does it too)."""
+        if isinstance(item, UpstreamDelta) and item.cached_tokens is not None:
+            self.prompt_tokens = item.prompt_tokens
+            self.cached_tokens = item.cached_tokens
+
+    def prompt_cached(self) -> int:
+        """Prefix-cached prompt tokens: reported in the usage, else by the deltas."""
+        if self.usage is not None:
+            return self.usage.cached_tokens
+        return self.cached_tokens or 0
 
     def add(self, item: Item) -> None:
         """Fold one upstream item into the totals."""
         if isinstance(item, UpstreamUsage):
             self.usage = item
             return
+        self.note_prompt(item)
         self._texts.setdefault(item.index, [])
         if item.text:
             self._texts[item.index].append(item.text)

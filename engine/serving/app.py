@@ -45,7 +45,14 @@ from engine.serving.responses import (
     usage_chunk,
     usage_dict,
 )
-from engine.serving.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
+from engine.serving.sse import (
+    CACHED_TOKENS_HEADER,
+    PROMPT_TOKENS_HEADER,
+    SSE_DONE,
+    SSE_HEADERS,
+    SSE_MEDIA_TYPE,
+    sse_event,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,6 +148,14 @@ async def _first(stream: _Stream) -> ChoiceDelta | UsageTotals:
     return await anext(stream)
 
 
+def _prompt_headers(first: ChoiceDelta | UsageTotals) -> dict[str, str]:
+    """The prompt and prefix-cached token counts the first engine item carries."""
+    if first.prompt_tokens is None or first.cached_tokens is None:
+        return {}
+    return {PROMPT_TOKENS_HEADER: str(first.prompt_tokens),
+            CACHED_TOKENS_HEADER: str(first.cached_tokens)}
+
+
 class WorkerService:
     """The request handling behind the routes; knows the engine, not HTTP routing."""
 
@@ -195,7 +210,8 @@ class WorkerService:
     ) -> Response:
         first = await until_disconnect(request, _first(stream))
         body = sse_body(kind, meta, first, stream, include_usage)
-        return StreamingResponse(body, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+        headers = {**SSE_HEADERS, **_prompt_headers(first)}
+        return StreamingResponse(body, media_type=SSE_MEDIA_TYPE, headers=headers)
 
     def kv_events(self, cursor: int, limit: int) -> dict[str, Any]:
         """Ordered block events from ``cursor`` and the cursor to ask with next."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 
@@ -32,6 +32,10 @@ class ChoiceDelta:
     text: str
     finish_reason: str | None
     logprobs: tuple[LogprobEntry, ...] | None = None
+    # Set on the first delta of each prompt: prompt and prefix-cached tokens of every
+    # prompt started so far (what a client leaving early is billed for).
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,10 +150,16 @@ async def run_prepared(
     merged = _merge(streams)
     try:
         async for p, chunk in merged:
+            started = p not in usage.prompt_tokens
             usage.add(p, chunk)
             reason = chunk.finish_reason.value if chunk.finish_reason is not None else None
             logprobs = texts.entries(chunk) if want_logprobs else None
-            yield ChoiceDelta(p * n + chunk.index, chunk.text, reason, logprobs)
+            delta = ChoiceDelta(p * n + chunk.index, chunk.text, reason, logprobs)
+            if started:
+                so_far = usage.totals()
+                delta = replace(delta, prompt_tokens=so_far.prompt_tokens,
+                                cached_tokens=so_far.cached_tokens)
+            yield delta
         finished = True
         yield usage.totals()
     finally:

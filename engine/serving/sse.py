@@ -12,6 +12,11 @@ SSE_DONE = b"data: [DONE]\n\n"
 SSE_MEDIA_TYPE = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE_SENTINEL = "[DONE]"
+# kvtoll extension headers on a worker's streamed response, known from the engine's
+# first chunk (the response starts after it): the prompt's tokens and how many came
+# from the prefix cache. OpenAI clients ignore them; the kvtoll gateway reads them.
+PROMPT_TOKENS_HEADER = "x-kvtoll-prompt-tokens"
+CACHED_TOKENS_HEADER = "x-kvtoll-cached-tokens"
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:

@@ -31,6 +31,13 @@ class UpstreamDelta:
     finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # The prompt as the upstream counted it so far (every prompt whose first chunk has
+    # arrived), and how much of it came from its prefix cache. Set on the first delta
+    # when the upstream knows it (kvtoll engines and workers), so the gateway can say
+    # ``x-kvtoll-cache: prefix`` before the usage item and bill cached tokens when the
+    # client leaves early; None: unknown.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ Status mapping (the caller's mistake vs the upstream's problem):
 
 A server that ignores ``stream: true`` and answers one JSON object is read as such.
 
+kvtoll workers send the prompt's token count and its prefix-cached part as response
+headers (``x-kvtoll-prompt-tokens``, ``x-kvtoll-cached-tokens``); they ride on the
+first delta (:class:`UpstreamDelta` ``prompt_tokens``/``cached_tokens``).
+
 Upstreams that send no usage: prompt tokens are the proxy's own count
 (``prompt_token_ids``) or about 4 characters per token, completion tokens the number
 of non-empty deltas; ``UpstreamUsage.extra["estimated"]`` says so.
@@ -26,12 +30,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
-from engine.serving.sse import DONE_SENTINEL, aiter_sse_data
+from engine.serving.sse import (
+    CACHED_TOKENS_HEADER,
+    DONE_SENTINEL,
+    PROMPT_TOKENS_HEADER,
+    aiter_sse_data,
+)
 from proxy.upstream.base import (
     UpstreamDelta,
     UpstreamError,
@@ -118,6 +127,7 @@ class HttpUpstream:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise _status_error(resp)
+                reader.read_prompt_headers(resp.headers)
                 if resp.headers.get("content-type", "").startswith("application/json"):
                     for delta in reader.whole(json.loads(await resp.aread())):
                         yield delta  # a server that ignored stream=true
@@ -162,6 +172,18 @@ class _StreamReader:
         self.usage: dict[str, Any] | None = None
         self.finished: set[int] = set()
         self.num_deltas = 0
+        self.counts: tuple[int, int] | None = None  # (prompt, cached) for the first delta
+
+    def read_prompt_headers(self, headers: httpx.Headers) -> None:
+        """A kvtoll worker's prompt counts (see ``engine.serving.sse``), for the first
+        delta; other servers send none."""
+        try:
+            prompt = int(headers[PROMPT_TOKENS_HEADER])
+            cached = int(headers[CACHED_TOKENS_HEADER])
+        except (KeyError, ValueError):
+            return
+        if 0 <= cached <= prompt:
+            self.counts = (prompt, cached)
 
     def error(self, message: str, status: int = 502) -> UpstreamError:
         return UpstreamError(message, status=status, retryable=not self.produced)
@@ -212,7 +234,11 @@ class _StreamReader:
         if not (text or reason or tool_calls or logprobs):
             return None
         self.num_deltas += bool(text)
-        return UpstreamDelta(index, text, reason, logprobs, tool_calls)
+        delta = UpstreamDelta(index, text, reason, logprobs, tool_calls)
+        if self.counts is not None:
+            delta = replace(delta, prompt_tokens=self.counts[0], cached_tokens=self.counts[1])
+            self.counts = None
+        return delta
 
     def finish(self) -> UpstreamUsage:
         """The usage item; an error if the stream stopped before its end."""

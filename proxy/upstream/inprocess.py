@@ -10,6 +10,7 @@ retryable only while nothing was produced. Closing the stream aborts the request
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 
 from engine.api import AsyncEngineClient, EngineRejected, Tokenizer
 from engine.serving.convert import PreparedRequest, prepare, rejection_param
@@ -67,6 +68,7 @@ class InProcessUpstream:
         items = run_prepared(self._engine, prepared, request.request_id)
         offsets: dict[int, int] = {}
         produced = False
+        counts: UpstreamDelta | None = None  # prompt counts of a delta not passed on
         try:
             async for item in items:
                 if isinstance(item, UsageTotals):
@@ -75,7 +77,13 @@ class InProcessUpstream:
                     )
                     continue
                 delta = _delta(request.kind, item, offsets)
+                if delta.cached_tokens is not None:
+                    counts = delta
                 if delta.text or delta.finish_reason or delta.logprobs:
+                    if counts is not None:
+                        delta = replace(delta, prompt_tokens=counts.prompt_tokens,
+                                        cached_tokens=counts.cached_tokens)
+                        counts = None
                     produced = True
                     yield delta
         except EngineRejected as exc:
@@ -102,4 +110,5 @@ def _delta(kind: str, item: ChoiceDelta, offsets: dict[int, int]) -> UpstreamDel
             start = offsets.get(item.index, 0)
             logprobs = completion_logprobs(item.logprobs, start)
     offsets[item.index] = offsets.get(item.index, 0) + len(item.text)
-    return UpstreamDelta(item.index, item.text, item.finish_reason, logprobs)
+    return UpstreamDelta(item.index, item.text, item.finish_reason, logprobs,
+                         prompt_tokens=item.prompt_tokens, cached_tokens=item.cached_tokens)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.models import RequestStatus
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
@@ -127,3 +129,41 @@ def test_logprobs_pass_through(
     tokens = [t for c in stream for t in (c.choices[0].logprobs.tokens or [])  # type: ignore[union-attr]
               if c.choices and c.choices[0].logprobs]
     assert len(tokens) == 3
+
+
+def test_streamed_prefix_hit_header_and_disconnect_bills_cached_tokens(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    """A streamed response says ``prefix`` before its usage exists, and a client that
+    leaves before the usage item is still billed the cached tokens at the cached price."""
+    engine = build_engine(EngineConfig.tiny(max_model_len=1024, num_kv_blocks=160))
+    tenants = seed(db, model=engine.model_name)
+    app = build_app(settings, db, upstreams=[InProcessUpstream(engine)],
+                    models=[engine.model_name], tokenizer=engine.tokenizer(),
+                    context_len=engine.max_model_len)
+    body = {"model": engine.model_name, "max_tokens": 700, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {tenants.key_a}"}
+    try:
+        with LiveServer(app) as server:
+            _ask(_client(server, tenants.key_a), engine.model_name)
+            [first] = settled_rows(db, 1)
+            with httpx.Client(timeout=60) as client, client.stream(
+                "POST", server.url + "/v1/chat/completions", json=body, headers=headers
+            ) as response:
+                assert response.headers.get("x-kvtoll-cache") == "prefix", response.read()
+                for line in response.iter_lines():
+                    if line.startswith("data: ") and '"content"' in line:
+                        break  # leave before the usage item
+            _, row = settled_rows(db, 2)
+    finally:
+        engine.shutdown()
+    assert row.status is RequestStatus.CLIENT_DISCONNECT
+    assert row.prompt_tokens == first.prompt_tokens and 0 < row.completion_tokens < 700
+    assert row.cached_tokens > 0 and row.cached_tokens % engine.block_size == 0
+    expected = (
+        (row.prompt_tokens - row.cached_tokens) * PRICE_PICO["input"]
+        + row.cached_tokens * PRICE_PICO["cached"]
+        + row.completion_tokens * PRICE_PICO["output"]
+    )
+    assert row.billed_pico == expected

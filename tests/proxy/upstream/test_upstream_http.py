@@ -277,3 +277,14 @@ async def test_server_ignoring_stream_true_is_read_whole(
     script.whole_json = {"unexpected": True}
     with pytest.raises(UpstreamError):
         await _run(third_party, _req(_chat()))
+
+
+async def test_first_delta_carries_the_workers_prompt_counts(worker: HttpUpstream) -> None:
+    body = {"model": "kvtoll-tiny", "prompt": LONG, "max_tokens": 2}
+    for attempt in range(2):
+        deltas, usage = await _run(worker, _req(body, kind="completion", rid=f"c{attempt}"))
+        first = deltas[0]
+        assert (first.prompt_tokens, first.cached_tokens) == (
+            usage.prompt_tokens, usage.cached_tokens)
+        assert all(d.cached_tokens is None for d in deltas[1:])
+    assert usage.cached_tokens > 0  # the second attempt hit, and its first delta said so

@@ -118,3 +118,14 @@ async def test_closing_the_stream_aborts(upstream: InProcessUpstream, spy: SpyEn
             break
         await asyncio.sleep(0.01)
     assert (load.num_running, load.num_waiting) == (0, 0)
+
+
+async def test_first_delta_carries_prompt_and_cached_tokens(upstream: InProcessUpstream) -> None:
+    body = {"model": "kvtoll-tiny", "prompt": "a prompt long enough to fill blocks " * 3,
+            "max_tokens": 2}
+    for _ in range(2):
+        deltas, usage = await _run(upstream, _req(body, kind="completion"))
+        assert (deltas[0].prompt_tokens, deltas[0].cached_tokens) == (
+            usage.prompt_tokens, usage.cached_tokens)
+        assert all(d.cached_tokens is None for d in deltas[1:])
+    assert usage.cached_tokens > 0
