@@ -1,9 +1,10 @@
 """Scale-out wiring of a worker: announce it in Redis and publish its KV events there.
 
 When ``kvtoll worker`` runs with a Redis URL, the worker (name = its advertised
-URL) re-announces itself every ``ttl_s / 3`` seconds (:class:`Heartbeat` from the
-router's registry: a key that expires ``ttl_s`` after the last beat, deleted on a
-clean stop) and, with ``kv_events="redis"``, follows the engine's event log into its
+URL) re-announces itself every ``ttl_s / 3`` seconds (:class:`Heartbeat` from
+:mod:`engine.serving.kv_publish`, which also defines the wire format the router
+reads: a key that expires ``ttl_s`` after the last beat, deleted on a clean stop)
+and, with ``kv_events="redis"``, follows the engine's event log into its
 Redis stream (:func:`pump_engine_events`). Either task that loses Redis logs it and
 retries every ``retry_s`` seconds: the worker keeps serving meanwhile, and the router
 falls back on its own probes.
@@ -22,8 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine.api import AsyncEngineClient
-from proxy.routing.events import RedisEventPublisher, pump_engine_events
-from proxy.routing.registry import Heartbeat
+from engine.serving.kv_publish import Heartbeat, RedisEventPublisher, pump_engine_events
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 * HTTP polling: ``GET {worker}/kv/events?cursor=N&limit=L`` answers
   ``{"instance_id", "block_size", "events": [{"seq", "kind", "block_hashes": [hex]}],
   "next_cursor"}`` (``engine/serving/app.py``).
-* Redis streams (when configured): the worker's :class:`RedisEventPublisher` XADDs
-  each event to ``{prefix}kv:{worker}`` with fields ``instance``, ``seq``, ``kind`` and
+* Redis streams (when configured): the worker's ``RedisEventPublisher``
+  (:mod:`engine.serving.kv_publish`, which defines the stream format) XADDs each
+  event to ``{prefix}kv:{worker}`` with fields ``instance``, ``seq``, ``kind`` and
   ``hashes`` (comma-separated hex); :class:`RedisEventConsumer` XREADs them.
 
 Ordering is by ``seq``; a gap (events lost to log trimming) resets that worker's
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from redis.asyncio import Redis
 
 from engine.api import KVEvent, KVEventKind
 from engine.kv.hashing import BlockHash
+from engine.serving.kv_publish import stream_key
 from proxy.routing.index import PreciseIndex
 from proxy.routing.registry import WorkerInfo, WorkerRegistry
 from proxy.routing.types import WorkerId
@@ -109,64 +111,6 @@ class HttpEventFeed:
         if self._instance_id is not None and batch.instance_id not in (None, self._instance_id):
             return True
         return batch.next_cursor < cursor  # a fresh log behind our cursor
-
-
-def stream_key(prefix: str, worker_name: str) -> str:
-    return f"{prefix}kv:{worker_name}"
-
-
-class RedisEventPublisher:
-    """Worker side: append KV events to the worker's Redis stream (bounded by MAXLEN)."""
-
-    def __init__(
-        self,
-        redis: Redis,
-        worker_name: str,
-        instance_id: str,
-        *,
-        prefix: str = "kvtoll:",
-        maxlen: int = 100_000,
-    ) -> None:
-        self._redis = redis
-        self._key = stream_key(prefix, worker_name)
-        self._instance = instance_id
-        self._maxlen = maxlen
-
-    async def publish(self, events: Sequence[KVEvent]) -> None:
-        """XADD each event in order (one pipeline round trip)."""
-        if not events:
-            return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for e in events:
-                fields = {
-                    "instance": self._instance,
-                    "seq": str(e.seq),
-                    "kind": e.kind.value,
-                    "hashes": ",".join(h.hex() for h in e.block_hashes),
-                }
-                pipe.xadd(self._key, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
-            await pipe.execute()
-
-
-async def pump_engine_events(
-    read: Callable[[int, int], list[KVEvent]],
-    publisher: RedisEventPublisher,
-    stop: asyncio.Event,
-    *,
-    interval_s: float = 0.05,
-    limit: int = 1000,
-) -> None:
-    """Worker side: follow the engine's event log (``AsyncEngineClient.kv_events``) and
-    publish it until ``stop`` is set."""
-    cursor = 0
-    while not stop.is_set():
-        events = read(cursor, limit)
-        if events:
-            await publisher.publish(events)
-            cursor = events[-1].seq + 1
-            continue
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
 
 class RedisEventConsumer:

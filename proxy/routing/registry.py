@@ -4,9 +4,10 @@ Workers come from two places:
 
 * static URLs (``kvtoll serve --worker URL``), kept until the process ends;
 * Redis announcements (when ``KVTOLL_REDIS_URL`` is set): each worker keeps a key
-  ``{prefix}workers:{name}`` alive with :func:`announce` (or a :class:`Heartbeat`
-  task); the key's TTL is the heartbeat deadline, so a worker that stops announcing
-  leaves the pool when its key expires.
+  ``{prefix}workers:{name}`` alive with ``announce`` (or a ``Heartbeat`` task), both
+  from :mod:`engine.serving.kv_publish`, which defines the wire format; the key's TTL
+  is the heartbeat deadline, so a worker that stops announcing leaves the pool when
+  its key expires.
 
 Every ``check_interval_s`` each worker gets ``GET /load`` (kvtoll workers: load and
 instance id; they publish KV events) or, when that is 404, ``GET /healthz`` then
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,12 +31,16 @@ from typing import Any, Literal
 import httpx
 from redis.asyncio import Redis
 
+from engine.serving.kv_publish import (
+    EventTransport,
+    announcement_key,
+    parse_announcement,
+)
 from proxy.routing.router import WorkerStatus
 from proxy.routing.types import WorkerId, WorkerLoad
 
 log = logging.getLogger(__name__)
 
-EventTransport = Literal["http", "redis", "none"]
 ProbeKind = Literal["load", "healthz", "health"]
 
 
@@ -75,51 +79,6 @@ class _Entry:
     failures: int = 0
     probe: ProbeKind = "load"
     last_ok: float = field(default_factory=time.monotonic)
-
-
-def announcement_key(prefix: str, name: str) -> str:
-    return f"{prefix}workers:{name}"
-
-
-async def announce(
-    redis: Redis,
-    url: str,
-    ttl_s: float,
-    *,
-    prefix: str = "kvtoll:",
-    name: str | None = None,
-    kv_events: EventTransport = "http",
-    instance_id: str | None = None,
-) -> None:
-    """Announce (or re-announce) a worker for ``ttl_s`` seconds."""
-    if ttl_s <= 0:
-        raise ValueError("ttl_s must be positive")
-    body = {"url": url.rstrip("/"), "kv_events": kv_events, "instance_id": instance_id}
-    key = announcement_key(prefix, name or url.rstrip("/"))
-    await redis.set(key, json.dumps(body), px=max(1, int(ttl_s * 1000)))
-
-
-class Heartbeat:
-    """Worker side: re-announce every ``ttl_s / 3`` until stopped, then withdraw."""
-
-    def __init__(self, redis: Redis, url: str, ttl_s: float, **announce_kwargs: Any) -> None:
-        self._redis = redis
-        self._url = url
-        self._ttl = ttl_s
-        self._kwargs = announce_kwargs
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Announce until ``stop`` is set; delete the key on the way out."""
-        try:
-            while not stop.is_set():
-                await announce(self._redis, self._url, self._ttl, **self._kwargs)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._ttl / 3)
-        finally:
-            prefix = self._kwargs.get("prefix", "kvtoll:")
-            name = self._kwargs.get("name") or self._url.rstrip("/")
-            with contextlib.suppress(Exception):
-                await self._redis.delete(announcement_key(prefix, name))
 
 
 def parse_load(payload: dict[str, Any]) -> WorkerLoad:
@@ -191,7 +150,7 @@ class WorkerRegistry:
         start = len(announcement_key(self.config.redis_prefix, ""))
         seen: set[WorkerId] = set()
         for key, body in zip(keys, bodies, strict=True):
-            announced = _parse_announcement(body)
+            announced = parse_announcement(body)
             if announced is None:
                 continue
             name = WorkerId((key.decode() if isinstance(key, bytes) else str(key))[start:])
@@ -282,17 +241,3 @@ class WorkerRegistry:
             return WorkerLoad(), None, None
         raise ValueError(f"{url} answers neither /load, /healthz nor /health")
 
-
-def _parse_announcement(body: bytes | str | None) -> tuple[str, EventTransport, str | None] | None:
-    if body is None:
-        return None
-    try:
-        data = json.loads(body)
-        url = str(data["url"])
-        transport = data.get("kv_events", "http")
-    except (ValueError, KeyError, TypeError):
-        return None
-    if transport not in ("http", "redis", "none"):
-        transport = "none"
-    instance = data.get("instance_id")
-    return url, transport, str(instance) if instance is not None else None

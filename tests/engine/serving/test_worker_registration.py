@@ -15,9 +15,8 @@ from engine.api import GenerationRequest, SamplingParams
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
+from engine.serving.kv_publish import announcement_key, stream_key
 from engine.serving.registration import Registration, run_registration
-from proxy.routing.events import stream_key
-from proxy.routing.registry import announcement_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 URL = "http://10.1.2.3:8001"

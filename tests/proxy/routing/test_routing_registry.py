@@ -9,7 +9,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from proxy.routing.registry import Heartbeat, RegistryConfig, WorkerRegistry, announce
+from engine.serving.kv_publish import Heartbeat, announce
+from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.types import WorkerId
 
 
@@ -134,9 +135,9 @@ def test_a_worker_found_through_redis_streams_its_events_to_the_router(
 ) -> None:
     from engine.api import KVEvent, KVEventKind
     from engine.kv.hashing import BlockHash
+    from engine.serving.kv_publish import run_worker_presence
     from proxy.routing.events import EventFeeds, RedisEventConsumer
     from proxy.routing.index import PreciseIndex
-    from proxy.routing.worker_side import run_worker_presence
 
     log = [KVEvent(i, KVEventKind.STORED, (BlockHash(bytes([i]) * 16),)) for i in range(3)]
 

@@ -1,0 +1,183 @@
+"""The worker side of scale-out over Redis, and the wire format routers read.
+
+Announcement: key ``{prefix}workers:{name}`` holding JSON ``{"url", "kv_events",
+"instance_id"}`` with a TTL (the heartbeat deadline): :func:`announce` sets it,
+:class:`Heartbeat` renews it every ``ttl_s / 3`` and deletes it on a clean stop.
+
+KV events: stream ``{prefix}kv:{name}``, one entry per engine event with fields
+``instance``, ``seq``, ``kind`` and ``hashes`` (comma-separated hex block hashes),
+appended by :class:`RedisEventPublisher` (bounded by MAXLEN) as
+:func:`pump_engine_events` follows the engine's event log.
+
+The router (``proxy.routing``) imports the key names and the announcement format
+from here: one definition for both sides, and the engine package does not depend on
+the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from engine.api import KVEvent
+
+EventTransport = Literal["http", "redis", "none"]
+DEFAULT_PREFIX = "kvtoll:"
+
+
+def announcement_key(prefix: str, name: str) -> str:
+    """The Redis key a worker called ``name`` announces itself under."""
+    return f"{prefix}workers:{name}"
+
+
+def stream_key(prefix: str, worker_name: str) -> str:
+    """The Redis stream a worker's KV events go to."""
+    return f"{prefix}kv:{worker_name}"
+
+
+async def announce(
+    redis: Redis,
+    url: str,
+    ttl_s: float,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    name: str | None = None,
+    kv_events: EventTransport = "http",
+    instance_id: str | None = None,
+) -> None:
+    """Announce (or re-announce) a worker for ``ttl_s`` seconds."""
+    if ttl_s <= 0:
+        raise ValueError("ttl_s must be positive")
+    body = {"url": url.rstrip("/"), "kv_events": kv_events, "instance_id": instance_id}
+    key = announcement_key(prefix, name or url.rstrip("/"))
+    await redis.set(key, json.dumps(body), px=max(1, int(ttl_s * 1000)))
+
+
+def parse_announcement(body: bytes | str | None) -> tuple[str, EventTransport, str | None] | None:
+    """``(url, kv_events, instance_id)`` of an announcement, None if malformed."""
+    if body is None:
+        return None
+    try:
+        data = json.loads(body)
+        url = str(data["url"])
+        transport = data.get("kv_events", "http")
+    except (ValueError, KeyError, TypeError):
+        return None
+    if transport not in ("http", "redis", "none"):
+        transport = "none"
+    instance = data.get("instance_id")
+    return url, transport, str(instance) if instance is not None else None
+
+
+class Heartbeat:
+    """Re-announce every ``ttl_s / 3`` until stopped, then withdraw."""
+
+    def __init__(self, redis: Redis, url: str, ttl_s: float, **announce_kwargs: Any) -> None:
+        self._redis = redis
+        self._url = url
+        self._ttl = ttl_s
+        self._kwargs = announce_kwargs
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Announce until ``stop`` is set; delete the key on the way out."""
+        try:
+            while not stop.is_set():
+                await announce(self._redis, self._url, self._ttl, **self._kwargs)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._ttl / 3)
+        finally:
+            prefix = self._kwargs.get("prefix", DEFAULT_PREFIX)
+            name = self._kwargs.get("name") or self._url.rstrip("/")
+            with contextlib.suppress(Exception):
+                await self._redis.delete(announcement_key(prefix, name))
+
+
+def event_fields(instance_id: str, event: KVEvent) -> dict[str, str]:
+    """One stream entry's fields."""
+    return {
+        "instance": instance_id,
+        "seq": str(event.seq),
+        "kind": event.kind.value,
+        "hashes": ",".join(h.hex() for h in event.block_hashes),
+    }
+
+
+class RedisEventPublisher:
+    """Append KV events to the worker's Redis stream (bounded by MAXLEN)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        worker_name: str,
+        instance_id: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        maxlen: int = 100_000,
+    ) -> None:
+        self._redis = redis
+        self._key = stream_key(prefix, worker_name)
+        self._instance = instance_id
+        self._maxlen = maxlen
+
+    async def publish(self, events: Sequence[KVEvent]) -> None:
+        """XADD each event in order (one pipeline round trip)."""
+        if not events:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for e in events:
+                fields = event_fields(self._instance, e)
+                pipe.xadd(self._key, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
+            await pipe.execute()
+
+
+async def pump_engine_events(
+    read: Callable[[int, int], list[KVEvent]],
+    publisher: RedisEventPublisher,
+    stop: asyncio.Event,
+    *,
+    interval_s: float = 0.05,
+    limit: int = 1000,
+) -> None:
+    """Follow the engine's event log (``AsyncEngineClient.kv_events``) and publish it
+    until ``stop`` is set."""
+    cursor = 0
+    while not stop.is_set():
+        events = read(cursor, limit)
+        if events:
+            await publisher.publish(events)
+            cursor = events[-1].seq + 1
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+
+async def run_worker_presence(
+    redis: Redis,
+    public_url: str,
+    read_events: Callable[[int, int], list[KVEvent]],
+    instance_id: str,
+    stop: asyncio.Event,
+    *,
+    ttl_s: float = 6.0,
+    prefix: str = DEFAULT_PREFIX,
+    name: str | None = None,
+    publish_events: bool = True,
+) -> None:
+    """Announce (and publish events) until ``stop`` is set; then withdraw the
+    announcement. ``read_events`` is the engine's ``kv_events(cursor, limit)``; no
+    retry here (:mod:`engine.serving.registration` supervises it for ``kvtoll worker``)."""
+    worker_name = name or public_url.rstrip("/")
+    beat = Heartbeat(
+        redis, public_url, ttl_s, prefix=prefix, name=worker_name,
+        kv_events="redis" if publish_events else "http", instance_id=instance_id,
+    )
+    tasks = [beat.run(stop)]
+    if publish_events:
+        publisher = RedisEventPublisher(redis, worker_name, instance_id, prefix=prefix)
+        tasks.append(pump_engine_events(read_events, publisher, stop))
+    await asyncio.gather(*tasks)
