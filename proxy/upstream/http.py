@@ -39,6 +39,7 @@ from engine.serving.sse import (
     CACHED_TOKENS_HEADER,
     DONE_SENTINEL,
     PROMPT_TOKENS_HEADER,
+    aiter_byte_lines,
     aiter_sse_data,
 )
 from proxy.upstream.base import (
@@ -91,6 +92,10 @@ class HttpUpstream:
         self._root = config.root()
         self._owns_client = client is None
         self._client = client or make_client(config)
+        self._urls = {kind: httpx.URL(self._root + path) for kind, path in _PATHS.items()}
+        self._static_headers = {"accept": "text/event-stream", "content-type": "application/json"}
+        if config.api_key:
+            self._static_headers["authorization"] = f"Bearer {config.api_key}"
 
     @property
     def name(self) -> str:
@@ -109,20 +114,17 @@ class HttpUpstream:
         return body
 
     def _headers(self, request: UpstreamRequest) -> dict[str, str]:
-        headers = {"accept": "text/event-stream", "x-request-id": request.request_id}
-        if self.config.api_key:
-            headers["authorization"] = f"Bearer {self.config.api_key}"
-        return headers
+        return {**self._static_headers, "x-request-id": request.request_id}
 
     async def stream(
         self, request: UpstreamRequest
     ) -> AsyncGenerator[UpstreamDelta | UpstreamUsage, None]:
         """Deltas then one usage item (see :class:`~proxy.upstream.base.Upstream`)."""
         reader = _StreamReader(request)
-        url = self._root + _PATHS[request.kind]
+        body = json.dumps(self.request_body(request), separators=(",", ":")).encode()
         try:
             async with self._client.stream(
-                "POST", url, json=self.request_body(request), headers=self._headers(request)
+                "POST", self._urls[request.kind], content=body, headers=self._headers(request)
             ) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
@@ -132,7 +134,7 @@ class HttpUpstream:
                     for delta in reader.whole(json.loads(await resp.aread())):
                         yield delta  # a server that ignored stream=true
                 else:
-                    async for data in aiter_sse_data(resp.aiter_lines()):
+                    async for data in aiter_sse_data(aiter_byte_lines(resp.aiter_bytes())):
                         for delta in reader.feed(data):
                             yield delta
         except httpx.TimeoutException as exc:

@@ -5,13 +5,18 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.serving.sse import SSE_DONE, aiter_sse_data, sse_event
+from engine.serving.sse import SSE_DONE, aiter_byte_lines, aiter_sse_data, sse_event
 
 pytestmark = pytest.mark.anyio
 
 
 async def _lines(text: str) -> AsyncIterator[str]:
     for line in text.splitlines():
+        yield line
+
+
+async def _iter(lines: list[str]) -> AsyncIterator[str]:
+    for line in lines:
         yield line
 
 
@@ -58,3 +63,15 @@ async def test_stream_is_drained_after_done() -> None:
 
 async def test_last_event_without_blank_line_is_delivered() -> None:
     assert await _data("data: x\n\ndata: tail") == ["x", "tail"]
+
+
+async def test_byte_lines_split_across_chunks_and_multibyte_text() -> None:
+    text = "data: {\"t\":\"héllo ✓\"}\r\n\r\ndata: [DONE]\n\n".encode()
+
+    async def chunks(size: int) -> AsyncIterator[bytes]:
+        for i in range(0, len(text), size):
+            yield text[i:i + size]
+
+    for size in (1, 2, 3, 7, len(text)):  # splits inside multi-byte characters too
+        lines = [line async for line in aiter_byte_lines(chunks(size))]
+        assert [d async for d in aiter_sse_data(_iter(lines))] == ['{"t":"héllo ✓"}', "[DONE]"]
