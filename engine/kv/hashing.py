@@ -53,7 +53,8 @@ def hash_prompt_blocks(
     hashes: list[BlockHash] = []
     parent = ROOT_HASH
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size], salt if start == 0 else None)
+        extra = salt if start == 0 else None
+        parent = hash_block(parent, token_ids[start : start + block_size], extra)
         hashes.append(parent)
     return hashes
 
