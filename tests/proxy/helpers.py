@@ -46,7 +46,7 @@ def seed(factory: sessionmaker[Session], model: str = MODEL, rpm: int | None = N
 
 def ledger_rows(factory: sessionmaker[Session]) -> list[UsageRecord]:
     with factory() as s:
-        return list(s.scalars(select(UsageRecord).order_by(UsageRecord.id)))
+        return list(s.scalars(select(UsageRecord).order_by(UsageRecord.created_at, UsageRecord.id)))
 
 
 def ledger_count(factory: sessionmaker[Session]) -> int:
