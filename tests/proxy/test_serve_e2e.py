@@ -90,11 +90,11 @@ def _check_prefix_cache_and_isolation(port: int, model: str, tenants: Tenants) -
     return a
 
 
-def _check_one_hit_billed_cheaper(rows: list[UsageRecord]) -> None:
-    """Exactly the third request hit (rows of one ledger batch are inserted in request
-    id order, not arrival order) and it was billed below list price."""
+def _check_hits_billed_cheaper(rows: list[UsageRecord], expected: int) -> None:
+    """The ``expected`` prefix hits (found by content: rows of one ledger batch are
+    inserted in request id order, not arrival order) were billed below list price."""
     hits = [r for r in rows if r.cached_tokens > 0]
-    assert len(hits) == 1 and hits[0].billed_pico < hits[0].list_pico
+    assert len(hits) == expected and all(h.billed_pico < h.list_pico for h in hits)
 
 
 def test_serve_in_front_of_a_worker(
@@ -117,7 +117,7 @@ def test_serve_in_front_of_a_worker(
         _stop(worker)
     rows = settled_rows(billing_db, 3)
     assert {r.worker for r in rows} == {f"http://127.0.0.1:{worker_port}"}
-    _check_one_hit_billed_cheaper(rows)
+    _check_hits_billed_cheaper(rows, 1)
 
 
 @pytest.mark.slow
@@ -143,4 +143,4 @@ def test_readme_serve_command_with_the_real_model(
     finally:
         _stop(proxy)
     rows = settled_rows(billing_db, 4)
-    _check_one_hit_billed_cheaper(rows)
+    _check_hits_billed_cheaper(rows, 2)
