@@ -4,6 +4,7 @@ server keeps serving."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -101,7 +102,8 @@ def test_bad_fields(http: httpx.Client, db: sessionmaker[Session], case: str,
 
 
 def test_bad_completion_prompts(http: httpx.Client) -> None:
-    for prompt in ["", [], [-1], [[]], {"text": "x"}, None]:
+    prompts: list[object] = ["", [], [-1], [[]], {"text": "x"}, None]
+    for prompt in prompts:
         body = {"model": MODEL, "prompt": prompt}
         _assert_openai_error(http.post("/v1/completions", json=body), 400)
     assert http.post("/v1/completions", json={"model": MODEL, "prompt": "ok"}).status_code == 200
@@ -116,7 +118,8 @@ def test_client_salt_is_ignored(server: LiveServer, http: httpx.Client, tenants:
     """A client-sent ``cache_salt`` never reaches the upstream; the server derives its own."""
     from engine.kv.hashing import derive_tenant_salt
 
-    upstream: ScriptedUpstream = server.server.config.app.state.kvtoll.pool.upstreams[0]
+    app: Any = server.server.config.app
+    upstream: ScriptedUpstream = app.state.kvtoll.pool.upstreams[0]
     response = http.post(CHAT, json=_chat(cache_salt="00" * 16))
     assert response.status_code == 200
     sent = upstream.seen[-1]

@@ -17,7 +17,8 @@ from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 
-BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}]}
+BODY: dict[str, object] = {"model": MODEL,
+                           "messages": [{"role": "user", "content": "hello there"}]}
 
 
 def _post(server: LiveServer, key: str, body: dict[str, object] = BODY,
@@ -173,7 +174,7 @@ def test_metrics_exposition(
     with LiveServer(build_app(settings, db, upstreams=[ScriptedUpstream()])) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=tenants.key_a,
                                max_retries=0)
-        list(client.chat.completions.create(model=MODEL, messages=[  # type: ignore[list-item]
+        list(client.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "x"}], stream=True))
         client.completions.create(model=MODEL, prompt="x")
         text = httpx.get(server.url + "/metrics").text
