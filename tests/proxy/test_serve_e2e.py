@@ -110,14 +110,22 @@ def test_serve_in_front_of_a_worker(
                         f"http://127.0.0.1:{worker_port}", env=env)
         try:
             _wait_healthy(proxy_port, proxy, 120)
-            _check_prefix_cache_and_isolation(proxy_port, "kvtoll-tiny", tenants)
+            client = _check_prefix_cache_and_isolation(proxy_port, "kvtoll-tiny", tenants)
+            # streamed: the worker's first-chunk counts make the header say so up front
+            with client.chat.completions.with_streaming_response.create(
+                model="kvtoll-tiny", max_tokens=8, temperature=0, stream=True,
+                messages=[{"role": "system", "content": SYSTEM},
+                          {"role": "user", "content": "Name a colour."}],
+            ) as streamed:
+                assert streamed.headers["x-kvtoll-cache"] == "prefix"
+                assert list(streamed.iter_lines())
         finally:
             _stop(proxy)
     finally:
         _stop(worker)
-    rows = settled_rows(billing_db, 3)
+    rows = settled_rows(billing_db, 4)
     assert {r.worker for r in rows} == {f"http://127.0.0.1:{worker_port}"}
-    _check_hits_billed_cheaper(rows, 1)
+    _check_hits_billed_cheaper(rows, 2)
 
 
 @pytest.mark.slow
