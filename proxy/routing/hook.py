@@ -30,6 +30,7 @@ from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.router import PrefixRouter, RoutePlan
 from proxy.routing.types import WorkerId
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
+from proxy.upstream.h1 import H1Client
 from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig, make_client
 
 BYTES_PER_TOKEN = 4  # for prompts known only as text
@@ -168,7 +169,7 @@ class RoutingStack:
     ) -> None:
         self.options = options
         self._http = httpx.AsyncClient(timeout=options.registry.check_timeout_s)
-        self._upstream_http: httpx.AsyncClient | None = None  # shared by announced workers
+        self._upstream_http: H1Client | None = None  # shared by announced workers
         self.registry = WorkerRegistry(
             options.registry, static_workers, redis=redis, http=self._http
         )

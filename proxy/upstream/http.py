@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
-
-import httpx
 
 from engine.serving.sse import (
     CACHED_TOKENS_HEADER,
@@ -49,6 +47,7 @@ from proxy.upstream.base import (
     UpstreamRequest,
     UpstreamUsage,
 )
+from proxy.upstream.h1 import H1Client, H1Error, H1Response, H1Timeout, Origin
 
 _REJECTED = {400: 400, 413: 413, 422: 400}
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -74,25 +73,21 @@ class HttpUpstreamConfig:
         return url.removesuffix("/v1")
 
 
-def make_client(config: HttpUpstreamConfig) -> httpx.AsyncClient:
-    """A connection pool with ``config``'s timeouts and size."""
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            config.read_timeout_s, connect=config.connect_timeout_s, pool=config.connect_timeout_s
-        ),
-        limits=httpx.Limits(max_connections=config.max_connections),
-    )
+def make_client(config: HttpUpstreamConfig) -> H1Client:
+    """A connection pool with ``config``'s timeouts and size (may serve many origins)."""
+    return H1Client(connect_timeout_s=config.connect_timeout_s,
+                    read_timeout_s=config.read_timeout_s, max_connections=config.max_connections)
 
 
 class HttpUpstream:
-    """One OpenAI-compatible server reached with a pooled ``httpx.AsyncClient``."""
+    """One OpenAI-compatible server reached through a pooled :class:`H1Client`."""
 
-    def __init__(self, config: HttpUpstreamConfig, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: HttpUpstreamConfig, client: H1Client | None = None) -> None:
         self.config = config
         self._root = config.root()
+        self._origin = Origin.parse(self._root)
         self._owns_client = client is None
         self._client = client or make_client(config)
-        self._urls = {kind: httpx.URL(self._root + path) for kind, path in _PATHS.items()}
         self._static_headers = {"accept": "text/event-stream", "content-type": "application/json"}
         if config.api_key:
             self._static_headers["authorization"] = f"Bearer {config.api_key}"
@@ -122,38 +117,44 @@ class HttpUpstream:
         """Deltas then one usage item (see :class:`~proxy.upstream.base.Upstream`)."""
         reader = _StreamReader(request)
         body = json.dumps(self.request_body(request), separators=(",", ":")).encode()
+        resp: H1Response | None = None
         try:
-            async with self._client.stream(
-                "POST", self._urls[request.kind], content=body, headers=self._headers(request)
-            ) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise _status_error(resp)
-                reader.read_prompt_headers(resp.headers)
-                if resp.headers.get("content-type", "").startswith("application/json"):
-                    for delta in reader.whole(json.loads(await resp.aread())):
-                        yield delta  # a server that ignored stream=true
-                else:
-                    async for data in aiter_sse_data(aiter_byte_lines(resp.aiter_bytes())):
-                        for delta in reader.feed(data):
-                            yield delta
-        except httpx.TimeoutException as exc:
-            raise reader.error(f"{self.name} timed out ({type(exc).__name__})", 504) from None
-        except httpx.TransportError as exc:
+            resp = await self._client.request(
+                "POST", self._origin, _PATHS[request.kind], self._headers(request), body,
+                read_timeout_s=self.config.read_timeout_s,
+            )
+            if resp.status >= 400:
+                raise _status_error(resp.status, await resp.aread())
+            reader.read_prompt_headers(resp.headers)
+            if resp.headers.get("content-type", "").startswith("application/json"):
+                for delta in reader.whole(json.loads(await resp.aread())):
+                    yield delta  # a server that ignored stream=true
+            else:
+                async for data in aiter_sse_data(aiter_byte_lines(resp.aiter_bytes())):
+                    for delta in reader.feed(data):
+                        yield delta
+        except H1Timeout as exc:
+            raise reader.error(f"{self.name} timed out ({exc})", 504) from None
+        except (H1Error, OSError) as exc:
             raise reader.error(f"{self.name} unreachable: {exc!r}", 502) from None
+        finally:
+            if resp is not None:
+                await resp.aclose()
         yield reader.finish()
 
     async def health(self) -> bool:
         """``GET /healthz`` (kvtoll workers, vLLM), else ``GET /v1/models``."""
-        timeout = httpx.Timeout(self.config.connect_timeout_s)
         for path in ("/healthz", "/v1/models"):
             try:
-                resp = await self._client.get(self._root + path, timeout=timeout)
-            except httpx.HTTPError:
+                resp = await self._client.request(
+                    "GET", self._origin, path, {}, read_timeout_s=self.config.connect_timeout_s
+                )
+                await resp.aread()
+            except (H1Error, OSError):
                 return False
-            if resp.status_code == 200:
+            if resp.status == 200:
                 return True
-            if resp.status_code != 404:
+            if resp.status != 404:
                 return False
         return False
 
@@ -176,7 +177,7 @@ class _StreamReader:
         self.num_deltas = 0
         self.counts: tuple[int, int] | None = None  # (prompt, cached) for the first delta
 
-    def read_prompt_headers(self, headers: httpx.Headers) -> None:
+    def read_prompt_headers(self, headers: Mapping[str, str]) -> None:
         """A kvtoll worker's prompt counts (see ``engine.serving.sse``), for the first
         delta; other servers send none."""
         try:
@@ -310,15 +311,13 @@ def _error_param(body: object) -> str | None:
     return param if isinstance(param, str) else None
 
 
-def _status_error(resp: httpx.Response) -> UpstreamRejected | UpstreamError:
+def _status_error(code: int, raw: bytes) -> UpstreamRejected | UpstreamError:
     try:
-        body: object = resp.json()
+        body: object = json.loads(raw)
     except ValueError:
-        body = resp.text
+        body = raw.decode("utf-8", errors="replace")
     message = _error_message(body)
-    if resp.status_code in _REJECTED:
-        return UpstreamRejected(
-            message, status=_REJECTED[resp.status_code], param=_error_param(body)
-        )
-    status = 504 if resp.status_code == 408 else 502
-    return UpstreamError(f"upstream answered {resp.status_code}: {message}", status=status)
+    if code in _REJECTED:
+        return UpstreamRejected(message, status=_REJECTED[code], param=_error_param(body))
+    status = 504 if code == 408 else 502
+    return UpstreamError(f"upstream answered {code}: {message}", status=status)
