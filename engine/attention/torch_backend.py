@@ -1,11 +1,12 @@
 """Paged attention in plain torch: the CPU path and the reference for other backends.
 
 K/V are gathered through each sequence's block table (layout in
-:mod:`engine.attention.base`), then attention runs through
-``torch.nn.functional.scaled_dot_product_attention``:
+:mod:`engine.attention.base`), then attention runs as explicit matmuls:
 
-* decode rows (query length 1) are batched into one grouped matmul, keys padded to the
-  longest context and masked by ``seq_lens``;
+* decode rows (query length 1) are split into groups of similar context length
+  (:mod:`engine.attention.decode_groups`, planned once per step and reused by every
+  layer); each group is one batched matmul, keys padded to the group's longest
+  context and masked by ``seq_lens``;
 * prefill chunks run one sequence at a time with a causal mask shifted by the number
   of tokens already in the cache (``seq_len - query_len``).
 
@@ -15,15 +16,35 @@ Query heads are grouped per KV head (GQA: query head ``h`` reads KV head
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.decode_groups import DEFAULT_GROUP_COST, group_by_length
+
+
+@dataclass(frozen=True)
+class _DecodeGroup:
+    """Decode rows of similar context length, with everything every layer reuses."""
+
+    q_idx: torch.Tensor  # [b] rows of q / out
+    block_ids: torch.Tensor  # [b * num_blocks] flattened block tables
+    pad: torch.Tensor  # [b, width, 1] True past each row's context
+    size: int
+    width: int  # num_blocks * block_size
 
 
 class TorchAttentionBackend:
     """Reference paged attention backend (any device torch supports)."""
 
     name = "torch"
+
+    def __init__(self, group_cost: int = DEFAULT_GROUP_COST) -> None:
+        self.group_cost = group_cost  # see engine.attention.decode_groups
+        # The decode plan of the step being run: built at the first layer, reused by
+        # the others (same metadata object).
+        self._plan: tuple[AttentionMetadata, int, list[_DecodeGroup]] | None = None
 
     def write_kv(
         self,
@@ -57,15 +78,33 @@ class TorchAttentionBackend:
         qsl = [0]
         for n in meta.query_lens_cpu:
             qsl.append(qsl[-1] + n)
-        decode_rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        if decode_rows:
-            self._decode(q, k_cache, v_cache, meta, scale, decode_rows, qsl, out)
+        for group in self._decode_plan(meta, qsl, k_cache.shape[1], q.device):
+            self._decode(q, k_cache, v_cache, group, scale, out)
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:
                 out[qsl[i] : qsl[i + 1]] = self._prefill_one(
                     q[qsl[i] : qsl[i + 1]], k_cache, v_cache, meta, i, scale
                 )
         return out
+
+    def _decode_plan(
+        self, meta: AttentionMetadata, qsl: list[int], block_size: int, device: torch.device
+    ) -> list[_DecodeGroup]:
+        if self._plan is not None and self._plan[0] is meta and self._plan[1] == block_size:
+            return self._plan[2]
+        rows = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        nbs = [-(-meta.seq_lens_cpu[i] // block_size) for i in rows]
+        groups: list[_DecodeGroup] = []
+        for members in group_by_length(rows, nbs, self.group_cost):
+            nb = max(-(-meta.seq_lens_cpu[i] // block_size) for i in members)
+            idx = torch.tensor(members, dtype=torch.long, device=device)
+            ids = meta.block_tables.index_select(0, idx)[:, :nb].reshape(-1).long()
+            lens = torch.tensor([meta.seq_lens_cpu[i] for i in members], device=device)
+            pad = torch.arange(nb * block_size, device=device).unsqueeze(0) >= lens.unsqueeze(1)
+            q_idx = torch.tensor([qsl[i] for i in members], dtype=torch.long, device=device)
+            groups.append(_DecodeGroup(q_idx, ids, pad.unsqueeze(2), len(members), nb * block_size))
+        self._plan = (meta, block_size, groups)
+        return groups
 
     @staticmethod
     def _rows(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -90,37 +129,30 @@ class TorchAttentionBackend:
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        g: _DecodeGroup,
         scale: float,
-        rows: list[int],
-        qsl: list[int],
         out: torch.Tensor,
     ) -> None:
-        """All decode rows at once, without transposing the gathered K/V.
+        """One group of decode rows at once, without transposing the gathered K/V.
 
-        K/V stay in their gathered ``[B, L, Hkv * D]`` layout. Each query head is
+        K/V stay in their gathered ``[B, W, Hkv * D]`` layout. Each query head is
         placed in its KV head's slot of a block-diagonal ``[B, H, Hkv * D]`` matrix
-        (zeros elsewhere), so one matmul gives every head's scores; the diagonal
-        blocks of ``P @ V`` are the outputs. Hkv times the (tiny) FLOPs, no copies.
+        (zeros elsewhere), so one matmul ``K @ Q^T`` gives every head's scores
+        ``[B, W, H]``; the diagonal blocks of ``P @ V`` are the outputs. Hkv times
+        the (tiny) FLOPs, no copies of K/V.
         """
-        _, block_size, hkv, d = k_cache.shape
-        lens = [meta.seq_lens_cpu[i] for i in rows]
-        num_blocks = -(-max(lens) // block_size)
-        width = num_blocks * block_size  # whole blocks: contiguous K/V, padding masked
-        b, h = len(rows), q.shape[1]
-        row_idx = torch.tensor(rows, dtype=torch.long, device=q.device)
-        ids = meta.block_tables.index_select(0, row_idx)[:, :num_blocks].reshape(-1).long()
-        k = self._rows(k_cache, ids).view(b, width, hkv * d).to(q.dtype)
-        v = self._rows(v_cache, ids).view(b, width, hkv * d).to(q.dtype)
-        q_idx = torch.tensor([qsl[i] for i in rows], dtype=torch.long, device=q.device)
-        qb = q.index_select(0, q_idx).view(b, hkv, 1, h // hkv, d)
+        _, _, hkv, d = k_cache.shape
+        b, h = g.size, q.shape[1]
+        k = self._rows(k_cache, g.block_ids).view(b, g.width, hkv * d).to(q.dtype)
+        v = self._rows(v_cache, g.block_ids).view(b, g.width, hkv * d).to(q.dtype)
+        qb = q.index_select(0, g.q_idx).view(b, hkv, 1, h // hkv, d)
         eye = torch.eye(hkv, dtype=q.dtype, device=q.device).view(1, hkv, hkv, 1, 1)
         q_diag = (qb * eye).transpose(2, 3).reshape(b, h, hkv * d)  # [B, H, Hkv*D]
-        pos = torch.arange(width, device=q.device)
-        pad = pos.unsqueeze(0) >= torch.tensor(lens, device=q.device).unsqueeze(1)  # [B, W]
-        o = _attend(q_diag, k, v, pad[:, None, :], scale).view(b, hkv, h // hkv, hkv, d)
-        o = torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2)  # [B, Hkv, G, D]
-        out.index_copy_(0, q_idx, o.reshape(b, h, d))
+        scores = torch.bmm(k, q_diag.transpose(1, 2)).float() * scale  # [B, W, H]
+        probs = scores.masked_fill_(g.pad, float("-inf")).softmax(1).to(v.dtype)
+        o = torch.bmm(probs.transpose(1, 2).contiguous(), v)  # [B, H, Hkv*D]
+        o = torch.diagonal(o.view(b, hkv, h // hkv, hkv, d), dim1=1, dim2=3)  # [B, G, D, Hkv]
+        out.index_copy_(0, g.q_idx, o.permute(0, 3, 1, 2).reshape(b, h, d))
 
     def _prefill_one(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.attention.base import AttentionMetadata
@@ -22,11 +23,12 @@ def _dense(
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def test_mixed_prefill_chunks_and_decodes_match_dense() -> None:
+@pytest.mark.parametrize("group_cost", [0, 64])  # a decode group per length / one group
+def test_mixed_prefill_chunks_and_decodes_match_dense(group_cost: int) -> None:
     gen = torch.Generator().manual_seed(0)
-    backend = TorchAttentionBackend()
+    backend = TorchAttentionBackend(group_cost)
     # (cached tokens, new tokens) per sequence: fresh prefill, chunk over a prefix, decodes
-    shapes = [(0, 7), (5, 6), (9, 1), (3, 1), (16, 1)]
+    shapes = [(0, 7), (5, 6), (9, 1), (3, 1), (16, 1), (2, 1)]
     num_blocks = 40
     k_cache = torch.zeros(num_blocks, BS, HKV, D)
     v_cache = torch.zeros(num_blocks, BS, HKV, D)
