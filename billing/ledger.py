@@ -17,14 +17,14 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Insert, insert, select
+from sqlalchemy import Insert, Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
+from billing.models import ApiKeyId, Price, RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.pricing import price_in_force
 from billing.rating import ZERO_CHARGE, Usage, rate, validate_usage
 from billing.usage_rollup import RollupDeltas
@@ -71,8 +71,12 @@ def validate_entry(entry: LedgerEntry) -> None:
 
 
 def _row_values(session: Session, entry: LedgerEntry) -> dict[str, Any]:
+    """One entry's column values, validated and rated on its own."""
     validate_entry(entry)
-    price = price_in_force(session, entry.model, entry.created_at)
+    return _rated_row(entry, price_in_force(session, entry.model, entry.created_at))
+
+
+def _rated_row(entry: LedgerEntry, price: Price | None) -> dict[str, Any]:
     charge = ZERO_CHARGE if price is None else rate(entry.usage, price)
     return {
         "request_id": str(uuid.UUID(entry.request_id)),
@@ -96,21 +100,43 @@ def _row_values(session: Session, entry: LedgerEntry) -> dict[str, Any]:
     }
 
 
-def _insert_ignoring_duplicate(session: Session, values: dict[str, Any]) -> bool:
+def _prices(session: Session, entries: list[LedgerEntry]) -> list[Price | None]:
+    """The price in force for each entry, with two lookups per model when one price
+    covers the model's whole batch (the usual case: the price in force only moves
+    forward in time), else one lookup per entry of that model."""
+    by_model: dict[str, list[int]] = {}
+    for i, entry in enumerate(entries):
+        by_model.setdefault(entry.model, []).append(i)
+    found: list[Price | None] = [None] * len(entries)
+    for model, indexes in by_model.items():
+        first = min(entries[i].created_at for i in indexes)
+        last = max(entries[i].created_at for i in indexes)
+        early = price_in_force(session, model, first)
+        late = early if first == last else price_in_force(session, model, last)
+        same = (early is None and late is None) or (
+            early is not None and late is not None and early.id == late.id)
+        for i in indexes:
+            found[i] = early if same else price_in_force(session, model, entries[i].created_at)
+    return found
+
+
+def _insert_many_ignoring_duplicates(
+    session: Session, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Insert ``rows`` (distinct request ids, in id order) with one Core executemany;
+    returns the rows actually inserted (a request id already recorded is skipped)."""
     dialect = session.get_bind().dialect.name
+    table = cast(Table, UsageRecord.__table__)
     statement: Insert
     if dialect == "postgresql":
-        statement = postgresql.insert(UsageRecord).on_conflict_do_nothing(
-            index_elements=["request_id"]
-        )
+        statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
     elif dialect == "sqlite":
-        statement = sqlite.insert(UsageRecord).on_conflict_do_nothing(
-            index_elements=["request_id"]
-        )
+        statement = sqlite.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
     else:
-        return _insert_generic(session, values)
-    inserted = session.execute(statement.values(values).returning(UsageRecord.id)).first()
-    return inserted is not None
+        return [values for values in rows if _insert_generic(session, values)]
+    result = session.execute(statement.returning(table.c.request_id), rows)
+    inserted = {str(rid) for rid in result.scalars()}
+    return [values for values in rows if values["request_id"] in inserted]
 
 
 def _insert_generic(session: Session, values: dict[str, Any]) -> bool:
@@ -143,16 +169,21 @@ def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEnt
     writers replaying overlapping batches lock the same ids in the same order and
     cannot deadlock; rollup rows are then updated in key order, for the same reason.
     """
+    batch = list(entries)
+    for entry in batch:
+        validate_entry(entry)
     deltas = RollupDeltas()
-    inserted = 0
     with factory.begin() as session:
-        all_values = [_row_values(session, entry) for entry in entries]
-        for values in sorted(all_values, key=lambda v: str(v["request_id"])):
-            if _insert_ignoring_duplicate(session, values):
-                deltas.add(values)
-                inserted += 1
+        unique: dict[str, dict[str, Any]] = {}
+        for entry, price in zip(batch, _prices(session, batch), strict=True):
+            values = _rated_row(entry, price)
+            unique.setdefault(values["request_id"], values)  # the first of equal ids wins
+        rows = [unique[rid] for rid in sorted(unique)]
+        inserted = _insert_many_ignoring_duplicates(session, rows) if rows else []
+        for values in inserted:
+            deltas.add(values)
         deltas.apply(session)
-    return inserted
+    return len(inserted)
 
 
 def get_usage(session: Session, request_id: str) -> UsageRecord | None:

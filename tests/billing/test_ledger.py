@@ -71,6 +71,20 @@ def test_write_rates_at_the_price_in_force_and_is_idempotent(factory: Factory) -
         assert first.served_by is ServedBy.ENGINE and first.status is RequestStatus.OK
 
 
+def test_one_batch_across_a_price_change_rates_each_entry_at_its_own_price(
+    factory: Factory,
+) -> None:
+    """The batched price lookup: a batch whose entries straddle a price change."""
+    tenant_id, key_id = _setup(factory)
+    days = [1, 40, 2, 30, 31]
+    entries = [_entry(tenant_id, key_id, created_at=T0 + timedelta(days=d)) for d in days]
+    assert write_usage_many(factory, entries) == len(entries)
+    with factory() as session:
+        billed = [get_usage(session, e.request_id) for e in entries]
+        assert [r.billed_pico if r else None for r in billed] == [
+            24_000_000, 48_000_000, 24_000_000, 24_000_000, 48_000_000]
+
+
 def test_semantic_hit_and_missing_price(factory: Factory) -> None:
     tenant_id, key_id = _setup(factory)
     hit = _entry(tenant_id, key_id, served_by=ServedBy.SEMANTIC, similarity=0.97, cached_tokens=0)
