@@ -30,7 +30,7 @@ class _DecodeGroup:
 
     q_idx: torch.Tensor  # [b] rows of q / out
     block_ids: torch.Tensor  # [b * num_blocks] flattened block tables
-    pad: torch.Tensor  # [b, width, 1] True past each row's context
+    pad: torch.Tensor  # [b, 1, width] True past each row's context
     size: int
     width: int  # num_blocks * block_size
 
@@ -102,7 +102,7 @@ class TorchAttentionBackend:
             lens = torch.tensor([meta.seq_lens_cpu[i] for i in members], device=device)
             pad = torch.arange(nb * block_size, device=device).unsqueeze(0) >= lens.unsqueeze(1)
             q_idx = torch.tensor([qsl[i] for i in members], dtype=torch.long, device=device)
-            groups.append(_DecodeGroup(q_idx, ids, pad.unsqueeze(2), len(members), nb * block_size))
+            groups.append(_DecodeGroup(q_idx, ids, pad.unsqueeze(1), len(members), nb * block_size))
         self._plan = (meta, block_size, groups)
         return groups
 
@@ -138,8 +138,9 @@ class TorchAttentionBackend:
         K/V stay in their gathered ``[B, W, Hkv * D]`` layout. Each query head is
         placed in its KV head's slot of a block-diagonal ``[B, H, Hkv * D]`` matrix
         (zeros elsewhere), so one matmul ``K @ Q^T`` gives every head's scores
-        ``[B, W, H]``; the diagonal blocks of ``P @ V`` are the outputs. Hkv times
-        the (tiny) FLOPs, no copies of K/V.
+        (``[B, W, H]``, transposed into their float32 copy for a last-dim softmax);
+        the diagonal blocks of ``P @ V`` are the outputs. Hkv times the (tiny)
+        FLOPs, no copies of K/V.
         """
         _, _, hkv, d = k_cache.shape
         b, h = g.size, q.shape[1]
@@ -148,9 +149,10 @@ class TorchAttentionBackend:
         qb = q.index_select(0, g.q_idx).view(b, hkv, 1, h // hkv, d)
         eye = torch.eye(hkv, dtype=q.dtype, device=q.device).view(1, hkv, hkv, 1, 1)
         q_diag = (qb * eye).transpose(2, 3).reshape(b, h, hkv * d)  # [B, H, Hkv*D]
-        scores = torch.bmm(k, q_diag.transpose(1, 2)).float() * scale  # [B, W, H]
-        probs = scores.masked_fill_(g.pad, float("-inf")).softmax(1).to(v.dtype)
-        o = torch.bmm(probs.transpose(1, 2).contiguous(), v)  # [B, H, Hkv*D]
+        scores = torch.bmm(k, q_diag.transpose(1, 2)).transpose(1, 2)  # [B, H, W] view
+        scores = scores.to(torch.float32, memory_format=torch.contiguous_format).mul_(scale)
+        probs = scores.masked_fill_(g.pad, float("-inf")).softmax(-1).to(v.dtype)
+        o = torch.bmm(probs, v)  # [B, H, Hkv*D]
         o = torch.diagonal(o.view(b, hkv, h // hkv, hkv, d), dim1=1, dim2=3)  # [B, G, D, Hkv]
         out.index_copy_(0, g.q_idx, o.permute(0, 3, 1, 2).reshape(b, h, d))
 
