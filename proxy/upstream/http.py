@@ -37,8 +37,6 @@ from engine.serving.sse import (
     CACHED_TOKENS_HEADER,
     DONE_SENTINEL,
     PROMPT_TOKENS_HEADER,
-    aiter_byte_lines,
-    aiter_sse_data,
 )
 from proxy.upstream.base import (
     UpstreamDelta,
@@ -130,7 +128,12 @@ class HttpUpstream:
                 for delta in reader.whole(json.loads(await resp.aread())):
                     yield delta  # a server that ignored stream=true
             else:
-                async for data in aiter_sse_data(aiter_byte_lines(resp.aiter_bytes())):
+                events = _SseEvents()
+                async for chunk in resp.aiter_bytes():
+                    for data in events.feed(chunk):
+                        for delta in reader.feed(data):
+                            yield delta
+                for data in events.close():
                     for delta in reader.feed(data):
                         yield delta
         except H1Timeout as exc:
@@ -164,6 +167,50 @@ class HttpUpstream:
             await self._client.aclose()
 
 
+class _SseEvents:
+    """Server-sent events parsed chunk by chunk, without a generator per line: the
+    ``data`` of each complete event (the rules of ``engine.serving.sse.aiter_sse_data``:
+    ``data:`` lines joined with ``\\n``, a blank line ends an event, ``:`` comments and
+    other fields ignored). A ``\\n`` byte never occurs inside a multi-byte UTF-8
+    character, so each line is decoded whole."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._pending: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The events completed by ``chunk``."""
+        self._buffer += chunk
+        if b"\n" not in chunk:
+            return []
+        *lines, self._buffer = self._buffer.split(b"\n")
+        out: list[str] = []
+        for raw in lines:
+            self._line(raw.decode("utf-8", errors="replace").rstrip("\r"), out)
+        return out
+
+    def close(self) -> list[str]:
+        """At the end of the body: a last event without its blank line."""
+        out: list[str] = []
+        if self._buffer:
+            self._line(self._buffer.decode("utf-8", errors="replace").rstrip("\r"), out)
+            self._buffer = b""
+        if self._pending:
+            out.append("\n".join(self._pending))
+            self._pending = []
+        return out
+
+    def _line(self, line: str, out: list[str]) -> None:
+        if not line:
+            if self._pending:
+                out.append("\n".join(self._pending))
+                self._pending = []
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            if field == "data":
+                self._pending.append(value[1:] if value.startswith(" ") else value)
+
+
 class _StreamReader:
     """Turns SSE ``data`` payloads of one response into deltas and the final usage."""
 
@@ -192,6 +239,8 @@ class _StreamReader:
         return UpstreamError(message, status=status, retryable=not self.produced)
 
     def feed(self, data: str) -> list[UpstreamDelta]:
+        if self.done:
+            return []  # after [DONE]: the rest is read (to reuse the connection), not used
         if data == DONE_SENTINEL:
             self.done = True
             return []
