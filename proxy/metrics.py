@@ -11,6 +11,7 @@ requests, the prefix ratio counts prompt tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -43,6 +44,9 @@ class ProxyMetrics:
     ledger_failures: Counter
     upstream_healthy: Gauge
     _totals: _Totals = field(default_factory=_Totals)
+    # labelled children by (metric id, labels): ``labels()`` validates and locks on
+    # every call, and the request path updates eight of them
+    _children: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -96,6 +100,23 @@ class ProxyMetrics:
             ),
         )
 
+    def child(self, metric: Counter | Gauge | Histogram, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once."""
+        key = (id(metric), *labels)  # the metrics live as long as this object
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def record_request(self, endpoint: str, layer: str, outcome: str,
+                       latency_s: float | None, ttft_s: float | None) -> None:
+        """One finished request: its count, latency and time to first token."""
+        self.child(self.requests, endpoint, layer, outcome).inc()
+        if latency_s is not None:
+            self.child(self.latency, endpoint).observe(latency_s)
+        if ttft_s is not None:
+            self.child(self.ttft, endpoint).observe(ttft_s)
+
     def record_semantic_lookup(self, hit: bool) -> None:
         """Count one semantic-cache lookup and refresh its hit ratio."""
         self.lookups.labels("semantic", "hit" if hit else "miss").inc()
@@ -111,15 +132,15 @@ class ProxyMetrics:
 
     def record_upstream_tokens(self, prompt: int, cached: int, completion: int) -> None:
         """Tokens an upstream handled; ``cached`` of the ``prompt`` came from its prefix cache."""
-        self.tokens.labels("prefix", "prompt").inc(cached)
-        self.tokens.labels("compute", "prompt").inc(prompt - cached)
-        self.tokens.labels("compute", "completion").inc(completion)
-        self.lookups.labels("prefix", "hit" if cached else "miss").inc()
+        self.child(self.tokens, "prefix", "prompt").inc(cached)
+        self.child(self.tokens, "compute", "prompt").inc(prompt - cached)
+        self.child(self.tokens, "compute", "completion").inc(completion)
+        self.child(self.lookups, "prefix", "hit" if cached else "miss").inc()
         self._totals.prompt_tokens += prompt
         self._totals.cached_tokens += cached
         if self._totals.prompt_tokens:
             ratio = self._totals.cached_tokens / self._totals.prompt_tokens
-            self.hit_ratio.labels("prefix").set(ratio)
+            self.child(self.hit_ratio, "prefix").set(ratio)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type, for ``GET /metrics``."""

@@ -264,15 +264,15 @@ class Gateway:
                  prompt: int, cached: int, completion: int) -> None:
         layer = "semantic" if flight.served_by is ServedBy.SEMANTIC else (
             "prefix" if cached else "miss")
-        self._metrics.requests.labels(flight.endpoint, layer, status.value).inc()
         if flight.served_by is ServedBy.SEMANTIC:
             self._metrics.record_semantic_tokens(prompt, completion)
         else:
             self._metrics.record_upstream_tokens(prompt, cached, completion)
-        if entry.latency_ms is not None:
-            self._metrics.latency.labels(flight.endpoint).observe(entry.latency_ms / 1000)
-        if entry.ttft_ms is not None:
-            self._metrics.ttft.labels(flight.endpoint).observe(entry.ttft_ms / 1000)
+        self._metrics.record_request(
+            flight.endpoint, layer, status.value,
+            None if entry.latency_ms is None else entry.latency_ms / 1000,
+            None if entry.ttft_ms is None else entry.ttft_ms / 1000,
+        )
 
     def _maybe_store(self, flight: _Flight) -> None:
         if (self._semantic is None or flight.query is None or flight.prep.no_store
