@@ -35,13 +35,19 @@ class _DecodeGroup:
     width: int  # num_blocks * block_size
 
 
+PREFILL_TILE = 128  # query rows per prefill attention tile
+
+
 class TorchAttentionBackend:
     """Reference paged attention backend (any device torch supports)."""
 
     name = "torch"
 
-    def __init__(self, group_cost: int = DEFAULT_GROUP_COST) -> None:
+    def __init__(
+        self, group_cost: int = DEFAULT_GROUP_COST, prefill_tile: int = PREFILL_TILE
+    ) -> None:
         self.group_cost = group_cost  # see engine.attention.decode_groups
+        self.prefill_tile = prefill_tile
         # The decode plan of the step being run: built at the first layer, reused by
         # the others (same metadata object).
         self._plan: tuple[AttentionMetadata, int, list[_DecodeGroup]] | None = None
@@ -165,20 +171,31 @@ class TorchAttentionBackend:
         i: int,
         scale: float,
     ) -> torch.Tensor:
+        """One sequence's prefill chunk, in tiles of ``prefill_tile`` query rows.
+
+        Tile ``[a, b)`` attends only to keys up to its last position, so the fully
+        masked upper triangle is never computed, and each tile's float32 scores stay
+        in cache (one [H, 512, 512] score tensor does not: ~3x slower).
+        """
         block_size = k_cache.shape[1]
         seq_len = meta.seq_lens_cpu[i]
         q_len, num_heads, head_dim = q.shape
         num_blocks = -(-seq_len // block_size)
         table = meta.block_tables[i, :num_blocks].long()
-        k = self._gather(k_cache, table, seq_len).to(q.dtype)  # [Hkv, L, D]
-        v = self._gather(v_cache, table, seq_len).to(q.dtype)
+        k = self._gather(k_cache, table, seq_len).to(q.dtype).unsqueeze(1)  # [Hkv, 1, L, D]
+        v = self._gather(v_cache, table, seq_len).to(q.dtype).unsqueeze(1)
         hkv = k.shape[0]
         qh = q.transpose(0, 1).reshape(hkv, num_heads // hkv, q_len, head_dim)  # [Hkv, G, Q, D]
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        offset = seq_len - q_len  # tokens cached before this chunk
         k_pos = torch.arange(seq_len, device=q.device)
-        future = k_pos.unsqueeze(0) > q_pos.unsqueeze(1)  # [Q, L]
-        o = _attend(qh, k.unsqueeze(1), v.unsqueeze(1), future, scale)  # [Hkv, G, Q, D]
-        return o.reshape(num_heads, q_len, head_dim).transpose(0, 1)
+        out = torch.empty_like(q)
+        for a in range(0, q_len, self.prefill_tile):
+            b = min(a + self.prefill_tile, q_len)
+            n = offset + b  # keys visible to the tile's last query
+            future = k_pos[:n].unsqueeze(0) > k_pos[offset + a : n].unsqueeze(1)  # [b-a, n]
+            o = _attend(qh[:, :, a:b], k[:, :, :n], v[:, :, :n], future, scale)
+            out[a:b] = o.reshape(num_heads, b - a, head_dim).transpose(0, 1)
+        return out
 
 
 def _attend(
@@ -189,6 +206,6 @@ def _attend(
     q [..., G, Q, D] against k, v [..., 1 or G, L, D] (GQA by broadcasting); explicit
     matmuls beat ``scaled_dot_product_attention`` on CPU for these shapes (bf16 ~10x).
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    scores = scores.masked_fill(masked, float("-inf"))
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
+    scores = scores.masked_fill_(masked, float("-inf"))
     return torch.matmul(scores.softmax(-1).to(v.dtype), v)

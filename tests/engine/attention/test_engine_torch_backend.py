@@ -23,10 +23,11 @@ def _dense(
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("group_cost", [0, 64])  # a decode group per length / one group
-def test_mixed_prefill_chunks_and_decodes_match_dense(group_cost: int) -> None:
+# decode: a group per length / one group; prefill: 3-row query tiles / one tile
+@pytest.mark.parametrize(("group_cost", "tile"), [(0, 3), (64, 128)])
+def test_mixed_prefill_chunks_and_decodes_match_dense(group_cost: int, tile: int) -> None:
     gen = torch.Generator().manual_seed(0)
-    backend = TorchAttentionBackend(group_cost)
+    backend = TorchAttentionBackend(group_cost, tile)
     # (cached tokens, new tokens) per sequence: fresh prefill, chunk over a prefix, decodes
     shapes = [(0, 7), (5, 6), (9, 1), (3, 1), (16, 1), (2, 1)]
     num_blocks = 40
