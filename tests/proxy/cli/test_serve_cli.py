@@ -24,8 +24,17 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _serve(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(build_app(), ["serve", *args])
+    """``kvtoll serve`` on a free port unless ``args`` name one (the default port 8000
+    may be held by a real server on this machine, which would fail every case early)."""
+    port = [] if "--port" in args else ["--port", str(_free_port())]
+    result = CliRunner().invoke(build_app(), ["serve", *port, *args])
     return result.exit_code, result.output
 
 
