@@ -38,7 +38,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import create_key, create_tenant
 from billing.db import make_engine, session_factory
-from billing.ledger import LedgerEntry, _insert_ignoring_duplicate, _row_values, write_usage
+from billing.ledger import (
+    LedgerEntry,
+    _insert_many_ignoring_duplicates,
+    _row_values,
+    write_usage,
+)
 from billing.migrate import upgrade
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from billing.pricing import set_price
@@ -181,7 +186,7 @@ def _time_writes(factory: sessionmaker[Session], layout: list, count: int) -> di
         began = time.perf_counter()
         with factory.begin() as session:
             values = _row_values(session, _bench_entry(tenant_id, key_ids[0], when))
-            _insert_ignoring_duplicate(session, values)
+            _insert_many_ignoring_duplicates(session, [values])
         ledger_only.append((time.perf_counter() - began) * 1000)
     return {"write_usage_with_rollup": _summary(with_rollup),
             "peer_ledger_insert_only": _summary(ledger_only)}

@@ -27,7 +27,10 @@ def test_keys_carry_at_least_190_bits() -> None:
 def test_any_single_character_typo_is_refused(data: st.DataObject) -> None:
     key = keys.generate_key()
     position = data.draw(st.integers(min_value=4, max_value=len(key) - 1))
-    replacement = data.draw(st.sampled_from(keys.BASE62).filter(lambda c: c != key[position]))
+    # An offset (not a filtered choice) keeps the drawn structure independent of the
+    # random key, so hypothesis can replay a failing example.
+    offset = data.draw(st.integers(min_value=1, max_value=len(keys.BASE62) - 1))
+    replacement = keys.BASE62[(keys.BASE62.index(key[position]) + offset) % len(keys.BASE62)]
     typo = key[:position] + replacement + key[position + 1 :]
     assert not keys.check_format(typo)
 
