@@ -42,7 +42,9 @@ REWORDINGS = [
 ]
 
 
-def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int) -> None:
+def serve_gateway(
+    upstream_url: str, database_url: str, data_dir: str, port: int, embed_memo: int
+) -> None:
     import uvicorn
 
     from billing.db import make_engine, session_factory
@@ -50,6 +52,7 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
     from proxy.deps import get_key
     from proxy.semantic.factory import build_semantic_cache
     from proxy.semantic.routes import build_cache_router
+    from proxy.semantic.service import SemanticConfig
     from proxy.semantic_bridge import SemanticCacheAdapter
     from proxy.settings import load_settings
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
@@ -58,7 +61,8 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
         database_url=database_url, data_dir=data_dir, redis_url=None,
         admin_token="bench-admin-token-0123456789", secret="bench-secret",
     )  # fmt: skip
-    cache = build_semantic_cache(None)
+    # embed_memo=0: every lookup embeds its text (no reuse of a repeated query's vector).
+    cache = build_semantic_cache(None, config=SemanticConfig(embed_memo_size=embed_memo))
     app = create_app(
         settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
         session_factory=session_factory(make_engine(database_url)), models=[po.MODEL],
@@ -136,7 +140,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         po.wait_ready(direct, procs[0])
         procs.append(
-            spawn("--serve-gateway", direct, database_url, str(tmp / "data"), str(gw_port))
+            spawn("--serve-gateway", direct, database_url, str(tmp / "data"), str(gw_port),
+                  str(args.embed_memo))
         )
         po.wait_ready(proxied, procs[1], timeout_s=300)
         warmed = warm(proxied, key, args.questions)
@@ -151,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "questions_stored": warmed,
-        "concurrency": args.concurrency,
+        "embed_memo": args.embed_memo, "concurrency": args.concurrency,
         "seconds": args.seconds,
         "semantic": cached,
         "peer_no_cache_upstream": uncached,
@@ -164,13 +169,17 @@ def main() -> None:
         po.serve_upstream(float(sys.argv[2]), int(sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
-        serve_gateway(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        serve_gateway(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
         return
+    from proxy.semantic.service import SemanticConfig
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=40)
     parser.add_argument("--upstream-ms", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--embed-memo", type=int, default=SemanticConfig().embed_memo_size,
+                        help="per-tenant embedding memo size (0 = embed every lookup)")
     print(json.dumps(run(parser.parse_args())))
 
 
