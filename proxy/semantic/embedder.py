@@ -142,7 +142,13 @@ class _Pending:
 
 
 class MicroBatcher:
-    """Batches concurrent ``embed_one`` calls into one model call on a worker thread."""
+    """Batches concurrent ``embed_one`` calls into one model call on a worker thread.
+
+    One batch runs at a time. A text arriving while the worker is idle waits at most
+    ``max_wait_ms`` for company; texts arriving while a batch runs queue up and go
+    together as the next batch the moment it finishes, so under load batches grow
+    towards ``max_batch`` instead of many small batches queueing behind each other.
+    """
 
     def __init__(self, embedder: Embedder, max_batch: int = 32, max_wait_ms: float = 2.0) -> None:
         if max_batch < 1 or max_wait_ms < 0:
@@ -153,6 +159,7 @@ class MicroBatcher:
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._busy = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtoll-embed")
         self.num_batches = 0
         self.num_texts = 0
@@ -176,8 +183,12 @@ class MicroBatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, []
+        if self._busy:
+            return  # picked up when the running batch finishes
+        batch = self._pending[: self._max_batch]
+        self._pending = self._pending[self._max_batch :]
         if batch:
+            self._busy = True
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -192,6 +203,10 @@ class MicroBatcher:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
+        finally:
+            self._busy = False
+            if self._pending:
+                self._flush()
         self.num_batches += 1
         self.num_texts += len(batch)
         for p, row in zip(batch, vectors, strict=True):
