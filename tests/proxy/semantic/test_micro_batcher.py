@@ -35,11 +35,13 @@ async def test_texts_queued_behind_a_running_batch_form_one_next_batch() -> None
     first = asyncio.create_task(batcher.embed_one("a"))
     while not model.batches:  # the first batch is running (blocked in the model)
         await asyncio.sleep(0.001)
-    later = [asyncio.create_task(batcher.embed_one("b" * n)) for n in range(1, 11)]
-    await asyncio.sleep(0.02)  # well past max_wait: still no second batch while busy
-    assert len(model.batches) == 1
+    later = []
+    for n in range(1, 11):  # arrivals spread out, each far apart compared to max_wait
+        later.append(asyncio.create_task(batcher.embed_one("b" * n)))
+        await asyncio.sleep(0.005)
+    assert len(model.batches) == 1  # no second batch started while the first runs
     model.release.set()
     vectors = await asyncio.gather(first, *later)
-    assert [len(b) for b in model.batches] == [1, 8, 2]  # capped at max_batch
+    assert [len(b) for b in model.batches] == [1, 8, 2]  # queued together, capped at max_batch
     assert [float(v[0]) for v in vectors] == [1.0, *range(1, 11)]
     batcher.close()
