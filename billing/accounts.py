@@ -26,6 +26,7 @@ from billing.models import ApiKey, ApiKeyId, Tenant, TenantId
 log = logging.getLogger(__name__)
 
 TENANT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_LIMIT = 2**31 - 1  # rate-limit columns are 32-bit integers
 MAX_KEY_NAME_LENGTH = 128
 
 
@@ -75,7 +76,10 @@ def list_tenants(session: Session) -> Sequence[Tenant]:
 
 
 def get_tenant_by_name(session: Session, name: str) -> Tenant | None:
-    """The tenant called ``name``, or ``None``."""
+    """The tenant called ``name``, or ``None`` (also for a name no tenant could have,
+    which PostgreSQL might otherwise refuse, e.g. one holding a NUL)."""
+    if not TENANT_NAME_RE.fullmatch(name):
+        return None
     return session.scalars(select(Tenant).where(Tenant.name == name)).first()
 
 
@@ -110,8 +114,8 @@ def set_tenant_policy(
 
 
 def _check_limit(value: int | None, what: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or value <= 0):
-        raise InvalidInput(f"{what} must be a positive integer or unset")
+    if value is not None and (isinstance(value, bool) or not 0 < value <= MAX_LIMIT):
+        raise InvalidInput(f"{what} must be a positive integer up to {MAX_LIMIT} or unset")
     return value
 
 

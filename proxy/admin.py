@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from billing import accounts, pricing
+from billing.accounts import MAX_LIMIT
 from billing.errors import BillingError, Conflict, NotFound
 from billing.models import ApiKey, Price, Tenant
 from billing.money import ppm_to_fraction, price_per_1m_usd
@@ -33,7 +34,7 @@ from proxy.deps import AdminDep, SessionDep
 
 router = APIRouter(prefix="/admin", dependencies=[AdminDep])
 DecimalText = Annotated[str, Strict(), Field(min_length=1, max_length=32)]
-PositiveInt = Annotated[int, Strict(), Field(ge=1)]
+PositiveInt = Annotated[int, Strict(), Field(ge=1, le=MAX_LIMIT)]
 
 
 class _Body(BaseModel):

@@ -9,7 +9,6 @@ tokens → admission limits → per-key rate limit (429). The result is an immut
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
@@ -94,7 +93,6 @@ class Intake:
         self._metrics = metrics
         self._models = frozenset(models)
         self._context_len = context_len
-        self._random = random.Random()
 
     @property
     def authenticator(self) -> KeyAuthenticator:
@@ -102,9 +100,10 @@ class Intake:
         return self._auth
 
     def _new_request_id(self) -> str:
-        """A random (version 4) UUID from a PRNG seeded by the OS once: request ids must be
-        unique, not secret, and ``os.urandom`` costs a syscall per call."""
-        return str(uuid.UUID(int=self._random.getrandbits(128), version=4))
+        """A random (version 4) UUID from the OS. The ledger and outbox drop a repeated
+        request id as a retry, so ids must never repeat, also across forked workers
+        (a PRNG seeded once would repeat in every child of a pre-forking server)."""
+        return str(uuid.uuid4())
 
     async def authenticate(self, authorization: str | None) -> KeyIdentity:
         """The caller's identity; database lookups run in a worker thread."""

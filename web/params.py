@@ -35,9 +35,13 @@ class BucketPage:
     next_start: datetime | None
 
 
+MAX_NUMBER_DIGITS = 18  # beyond any id, limit or unix time; int() refuses > 4300 digits
+
+
 def is_number(text: str) -> bool:
-    """True for a plain ASCII decimal number (no sign, space or Unicode digits)."""
-    return text.isascii() and text.isdigit()
+    """True for a plain ASCII decimal number (no sign, space or Unicode digits) short
+    enough to convert."""
+    return len(text) <= MAX_NUMBER_DIGITS and text.isascii() and text.isdigit()
 
 
 def _unix(name: str, text: str | None) -> datetime | None:

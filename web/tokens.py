@@ -47,6 +47,8 @@ class TokenSigner:
         if not token or token.count(".") != 1 or len(token) > 4096:
             return None
         payload, signature = token.split(".")
+        if not (payload.isascii() and signature.isascii()):
+            return None  # compare_digest refuses non-ASCII str; a forged cookie is not a 500
         if not hmac.compare_digest(self._sign(payload), signature):
             return None
         try:

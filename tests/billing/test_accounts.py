@@ -102,6 +102,12 @@ def test_key_errors_for_unknown_tenant_and_bad_limits(factory: Factory) -> None:
             accounts.list_keys(session, "nobody")
         with pytest.raises(InvalidInput):
             accounts.create_key(session, "acme", requests_per_minute=0)
+        with pytest.raises(InvalidInput):  # past the 32-bit column: refused, not a DataError
+            accounts.create_key(session, "acme", tokens_per_minute=3_000_000_000)
+        # A name no tenant can have (PostgreSQL refuses NUL in text) is simply unknown.
+        assert accounts.get_tenant_by_name(session, "a\x00b") is None
+        with pytest.raises(NotFound):
+            accounts.list_keys(session, "a\x00b")
         session.rollback()
         assert session.scalar(select(func.count()).select_from(ApiKey)) == 0
 

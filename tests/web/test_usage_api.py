@@ -168,6 +168,8 @@ def test_tenants_never_see_each_other(world: dict) -> None:
         ({"start_time": "100", "limit": "32"}, "limit"),
         ({"start_time": "100", "group_by": "project_id"}, "group_by"),
         ({"start_time": "100", "page": "page_garbage"}, "page"),
+        ({"start_time": "1" * 5000}, "start_time"),  # past int()'s digit limit: not a 500
+        ({"start_time": "100", "limit": "9" * 5000}, "limit"),
     ],
 )
 def test_bad_parameters_are_openai_shaped_400s(
@@ -180,6 +182,19 @@ def test_bad_parameters_are_openai_shaped_400s(
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_forged_non_ascii_cookie_and_huge_invoice_id_are_refused_not_500(
+    sqlite_web_factory: sessionmaker[Session], settings: Settings
+) -> None:
+    seed = add_tenant(sqlite_web_factory, "delta", num_keys=1)
+    client = TestClient(create_web_app(settings, sqlite_web_factory))
+    forged = b"kvtoll_session=e30.\xc3\xa9; kvtoll_admin=e30.\xc3\xa9"  # raw non-ASCII bytes
+    for path in ("/dashboard", "/admin/dashboard"):
+        assert client.get(path, headers={"cookie": forged}).status_code < 500, path
+    response = client.get("/v1/invoices/" + "1" * 5000,
+                          headers={"Authorization": f"Bearer {seed.first_key}"})
+    assert response.status_code == 404 and response.json()["error"]["message"]
 
 
 def test_missing_or_bad_key_is_401(
