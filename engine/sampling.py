@@ -1,6 +1,7 @@
 """Token sampling from float32 logits, one row per sequence.
 
-Greedy when ``temperature == 0``; otherwise logits / temperature, then top-k (keep
+Greedy when ``temperature`` is below ``GREEDY_BELOW_TEMPERATURE`` (0 included);
+otherwise logits / temperature, then top-k (keep
 the k largest), then top-p (keep the smallest set of tokens whose probability mass
 reaches p), then a draw from the sequence's own ``torch.Generator`` (seeded from
 ``seed + choice index`` when the request has a seed, so results are reproducible).
@@ -18,7 +19,7 @@ from engine.api import SamplingParams, TokenLogprob
 
 def make_generator(params: SamplingParams, index: int) -> torch.Generator | None:
     """The per-choice generator (None for greedy)."""
-    if params.temperature == 0:
+    if is_greedy(params):
         return None
     seed = (
         params.seed + index if params.seed is not None else int.from_bytes(os.urandom(8), "little")
@@ -40,9 +41,18 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+# Below this temperature sampling is greedy: dividing logits by a tiny temperature
+# overflows to inf and NaN probabilities would fail the whole engine step.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_BELOW_TEMPERATURE
+
+
 def sample_row(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
     """One token id from one row of logits [V]."""
-    if params.temperature == 0 or gen is None:
+    if is_greedy(params) or gen is None:
         return int(torch.argmax(logits))
     row = filter_logits(logits / params.temperature, params.top_k, params.top_p)
     probs = row.softmax(-1)
@@ -69,7 +79,7 @@ def sample_batch(
     tokens: list[int] = []
     logprobs: list[TokenLogprob | None] = []
     for i, (p, g) in enumerate(zip(params, generators, strict=True)):
-        tok = int(greedy[i]) if p.temperature == 0 or g is None else sample_row(logits[i], p, g)
+        tok = int(greedy[i]) if is_greedy(p) or g is None else sample_row(logits[i], p, g)
         tokens.append(tok)
         logprobs.append(
             token_logprob(logits[i], tok, p.logprobs) if p.logprobs is not None else None

@@ -109,3 +109,21 @@ def test_logprobs_are_reported_per_token(tiny_model: LoadedModel) -> None:
         assert len(lp.top) == 3
         assert lp.top[0][0] == lp.token_id  # greedy picks the most likely token
         assert lp.logprob <= 0
+
+
+def test_a_tiny_temperature_is_greedy_and_cannot_fail_other_requests(
+    tiny_model: LoadedModel,
+) -> None:
+    """logits / 1e-40 overflows to inf; the step must not fail every request in it."""
+    engine = build_llm_engine(EngineConfig.tiny(), tiny_model)
+    tiny = SamplingParams(max_tokens=6, temperature=1e-40, seed=1, ignore_eos=True)
+    other = SamplingParams(max_tokens=6, temperature=0.7, seed=2, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    out = engine.generate_sync([
+        GenerationRequest("tiny", PROMPT, tiny),
+        GenerationRequest("other", PROMPT, other),
+        GenerationRequest("greedy", PROMPT, greedy),
+    ])
+    tokens = {rid: [t for c in out[rid][0] for t in c.token_ids] for rid in out}
+    assert len(tokens["other"]) == 6
+    assert tokens["tiny"] == tokens["greedy"] and len(tokens["tiny"]) == 6
