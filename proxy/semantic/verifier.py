@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -128,10 +129,24 @@ class LogisticVerifier:
 
     def score(self, query: str, prompt: str, similarity: float) -> float:
         """Probability that ``prompt``'s answer is a correct answer to ``query``."""
+        if _operators(query) != _operators(prompt):
+            return 0.0  # 10 - 4 vs 10 + 4, x < y vs x > y: the words alone cannot tell
+        if _normalised(query) == _normalised(prompt) and _normalised(query):
+            return 1.0  # an exact repeat (case, spacing and final punctuation aside)
         parsed_query, parsed_prompt = self.parse(query), self.parse(prompt)
-        if parsed_query.lower == parsed_prompt.lower and parsed_query.lower:
-            return 1.0  # the same words (case and punctuation aside): an exact repeat
         raw = features(similarity, parsed_query, parsed_prompt, self._lexicon)
         x = np.asarray(raw, dtype=np.float64)
         z = float(((x - self._mean) / self._scale) @ self._coef) + self._weights.intercept
         return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+
+# Arithmetic and comparison symbols that are not part of a word ("e-mail" keeps its hyphen).
+_OPERATOR = re.compile(r"(?<![A-Za-z])[-+*/^<>=\u00b2\u00b3]")
+
+
+def _operators(text: str) -> list[str]:
+    return sorted(_OPERATOR.findall(text))
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.casefold().split()).rstrip("?.! ")

@@ -28,6 +28,8 @@ NEAR_MISSES = [
     ("opposite", "How do I enable dark mode on Windows?", "How do I disable dark mode on Windows?"),
     ("opposite", "When is the best time to buy Bitcoin?", "When is the best time to sell Bitcoin?"),
     ("opposite", "How can I increase my credit score?", "How can I decrease my credit score?"),
+    ("operator", "What is 10 - 4?", "What is 10 + 4?"),
+    ("operator", "Is 10 < 4?", "Is 10 > 4?"),
 ]
 PARAPHRASES = [
     ("How do I reset my password?", "How can I reset my password?"),
