@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -33,6 +34,8 @@ from proxy.semantic.mirror import IndexFactory, Mirror, Slot
 from proxy.semantic.stats import LookupResult, LookupTiming, SemanticHit, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
 from proxy.semantic.verifier import Verifier
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,12 @@ class SemanticCache:
             return LookupResult(None, LookupTiming(), "bypass")
         self.stats.lookups += 1
         t0 = time.perf_counter()
-        vector = await self._embed(key.tenant_id, key.query)
+        try:
+            vector = await self._embed(key.tenant_id, key.query)
+        except Exception:  # the cache fails open: a broken embedder is a miss, not an error
+            log.exception("semantic lookup: embedding failed; treated as a miss")
+            self.stats.embed_errors += 1
+            return LookupResult(None, LookupTiming(), "embed_error")
         t1 = time.perf_counter()
         candidates = self._mirror.search(
             key.tenant_id, key.partition, vector, self._config.num_candidates
@@ -188,7 +196,12 @@ class SemanticCache:
         if isinstance(key, NotCacheable) or not is_complete(answer, tools_ok):
             self.stats.store_skipped += 1
             return None
-        vector = await self._embed(key.tenant_id, key.query)
+        try:
+            vector = await self._embed(key.tenant_id, key.query)
+        except Exception:
+            log.exception("semantic store: embedding failed; answer not cached")
+            self.stats.embed_errors += 1
+            return None
         return await self.store_embedded(key, dict(answer), vector)
 
     async def store_embedded(

@@ -31,7 +31,8 @@ class SemanticHit:
 
 @dataclass(frozen=True)
 class LookupResult:
-    """Outcome of one lookup; ``reason`` is hit | miss | rejected | bypass | store_error."""
+    """Outcome of one lookup; ``reason`` is hit | miss | rejected | bypass | store_error |
+    embed_error."""
 
     hit: SemanticHit | None
     timing: LookupTiming
@@ -50,6 +51,7 @@ class SemanticStats:
     stored: int = 0
     store_skipped: int = 0  # incomplete answers, tool calls not allowed, not cacheable
     store_errors: int = 0  # backend failures, each turned into a miss / no-op
+    embed_errors: int = 0  # embedder failures, each turned into a miss / no-op
     evictions: int = 0
     invalidations: int = 0
     embed_ms_total: float = 0.0

@@ -8,6 +8,7 @@ import pytest
 
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.store import InMemoryStore, StoreConfig
+from proxy.semantic.verifier import LogisticVerifier
 from tests.proxy.semantic.semantic_helpers import answer, chat
 
 pytestmark = pytest.mark.anyio
@@ -150,3 +151,23 @@ async def test_background_follower_does_not_starve_the_event_loop(make_cache: Ma
         assert await cache.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare"))
     finally:
         await cache.aclose()
+
+
+class BrokenEmbedder:
+    """A stand-in model that always fails (the cache's fail-open path is under test)."""
+
+    dim = 384
+    name = "broken"
+
+    def embed(self, texts: object) -> object:
+        raise RuntimeError("model crashed")
+
+
+async def test_a_failing_embedder_is_a_miss_and_stores_nothing(
+    verifier: LogisticVerifier,
+) -> None:
+    cache = SemanticCache(BrokenEmbedder(), InMemoryStore(), verifier, SemanticConfig())
+    assert await cache.store("t", chat("How do I reset my password?"), answer("x")) is None
+    result = await cache.lookup_detailed("t", chat("How do I reset my password?"))
+    assert result.hit is None and result.reason == "embed_error"
+    assert cache.stats.embed_errors == 2
