@@ -119,10 +119,12 @@ def run_llama_cpp(work: Workload) -> dict[str, Any]:
     n = 0
     for p, m in zip(work.prompts[:8], work.max_tokens[:8], strict=True):
         llm.reset()
+        made = 0
         for _ in llm.generate(p, temp=0.0):
-            n += 1
-            if n % m == 0:
+            made += 1
+            if made >= m:  # each prompt gets its own full output length
                 break
+        n += made
     elapsed = time.perf_counter() - start
     return {
         "seconds": round(elapsed, 2),

@@ -178,8 +178,9 @@ def main() -> None:
     parser.add_argument("--upstream-ms", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--embed-memo", type=int, default=SemanticConfig().embed_memo_size,
-                        help="per-tenant embedding memo size (0 = embed every lookup)")
+    parser.add_argument("--embed-memo", type=int, default=0,
+                        help="per-tenant embedding memo size; default 0 = every lookup embeds "
+                        f"(the product default is {SemanticConfig().embed_memo_size})")
     print(json.dumps(run(parser.parse_args())))
 
 
