@@ -140,10 +140,20 @@ class HttpUpstream:
             raise reader.error(f"{self.name} timed out ({exc})", 504) from None
         except (H1Error, OSError) as exc:
             raise reader.error(f"{self.name} unreachable: {exc!r}", 502) from None
+        except (UpstreamRejected, UpstreamError):
+            raise
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            # Bad JSON or wrongly typed fields from the upstream: its fault, not the
+            # caller's, and handled like any other upstream failure (retry, ledger row).
+            raise reader.error(f"{self.name} sent a malformed response: {exc!r}", 502) from None
         finally:
             if resp is not None:
                 await resp.aclose()
-        yield reader.finish()
+        try:
+            usage = reader.finish()
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise reader.error(f"{self.name} sent malformed usage: {exc!r}", 502) from None
+        yield usage
 
     async def health(self) -> bool:
         """``GET /healthz`` (kvtoll workers, vLLM), else ``GET /v1/models``."""
@@ -314,12 +324,10 @@ def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     extra = {} if cached is not None else {"cached_tokens_reported": False}
-    return UpstreamUsage(
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-        int(cached or 0),
-        extra,
-    )
+    prompt = max(0, int(usage.get("prompt_tokens") or 0))
+    completion = max(0, int(usage.get("completion_tokens") or 0))
+    # Clamped so a misreporting upstream cannot produce a ledger entry that must be refused.
+    return UpstreamUsage(prompt, completion, min(prompt, max(0, int(cached or 0))), extra)
 
 
 def _approx_prompt_tokens(body: dict[str, Any]) -> int:

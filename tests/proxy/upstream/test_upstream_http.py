@@ -221,6 +221,10 @@ async def test_status_mapping(
         ([chat_event(0, "a"), "{not json"], True, False),
         ([chat_event(0, "a")], False, False),  # cut: no finish, no [DONE]
         ([], False, True),
+        # wrongly typed fields: the upstream's fault, never an escaping TypeError/ValueError
+        ([{"choices": [{"index": None, "delta": {"content": "a"}}]}], True, True),
+        ([chat_event(0, "a", "stop"), {"choices": [], "usage": {"prompt_tokens": "lots"}}],
+         True, False),
     ],
 )
 async def test_broken_streams_are_upstream_errors(
