@@ -170,7 +170,10 @@ def _add_policy_command(group: typer.Typer) -> None:
             None, "--allow-sampled/--no-allow-sampled", help="Serve sampled requests from L3."
         ),
         reserved: str | None = typer.Option(
-            None, "--kv-reserved-blocks", help="KV blocks to reserve for this tenant (recorded only: the engine does not enforce reservations yet)."
+            None,
+            "--kv-reserved-blocks",
+            help="KV blocks to reserve for this tenant (recorded only: the engine does not "
+            "enforce reservations yet).",
         ),
     ) -> None:
         """Change a tenant's cache policy; options left out keep their value."""
