@@ -42,10 +42,6 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledSeq, ...]
     preempted: tuple[Sequence, ...]
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
 
 class Scheduler:
     """Decides, each step, which sequences run and with how many tokens."""

@@ -30,10 +30,6 @@ class CalibrationSnapshot:
     def mean_abs_error_tokens(self) -> float:
         return self.sum_abs_error_tokens / self.num_requests if self.num_requests else 0.0
 
-    @property
-    def mean_error_tokens(self) -> float:
-        return self.sum_error_tokens / self.num_requests if self.num_requests else 0.0
-
 
 class CalibrationStats:
     """Accumulates prediction errors; cheap enough to call per request."""

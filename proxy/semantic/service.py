@@ -79,10 +79,6 @@ class SemanticCache:
         self.stats = SemanticStats()
 
     @property
-    def store_backend(self) -> EntryStore:
-        return self._store
-
-    @property
     def mirror(self) -> Mirror:
         """This process's FAISS mirror (read it, don't change it)."""
         return self._mirror

@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
-import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +23,7 @@ from billing.invoices import close_period, parse_period
 from billing.ledger import LedgerEntry, write_usage
 from billing.models import InvoiceLine, RequestStatus, ServedBy, Tenant, TenantId, UsageRecord
 from billing.pricing import set_price
+from tests.pdf_text import pdf_text
 
 JAN = parse_period("2026-01")
 FEB = parse_period("2026-02")
@@ -145,12 +144,11 @@ def test_exports_show_the_exact_total(
     assert json.loads(to_json(doc))["total_usd"] == total
     rows = list(csv.DictReader(io.StringIO(to_csv(doc))))
     assert rows[-1]["kind"] == "TOTAL" and rows[-1]["amount_usd"] == total
-    if shutil.which("pdftotext") is None:
-        pytest.skip("pdftotext (poppler-utils) is not installed")
     pdf = tmp_path / "invoice.pdf"
     pdf.write_bytes(to_pdf(doc))
-    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
-                          check=True).stdout
+    text = pdf_text(pdf)
+    if text is None:
+        pytest.skip("pdftotext (poppler-utils) is not installed")
     assert f"Total due (USD): {total}" in text and "acme" in text
 
 

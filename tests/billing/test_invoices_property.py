@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -20,6 +18,7 @@ from billing.invoices import close_period, parse_period
 from billing.ledger import LedgerEntry, write_usage_many
 from billing.models import RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.pricing import set_price
+from tests.pdf_text import pdf_text
 
 PERIOD = parse_period("2025-06")
 PRICE_FROM = datetime(2025, 1, 1, tzinfo=UTC)
@@ -50,10 +49,9 @@ def _setup(session: Session, tag: str, price_list: list) -> tuple[int, list[str]
     return create_tenant(session, f"t-{tag}").id, models
 
 
-def _pdf_text(tmp: Path, data: bytes) -> str:
+def _pdf_text(tmp: Path, data: bytes) -> str | None:
     tmp.write_bytes(data)
-    return subprocess.run(["pdftotext", str(tmp), "-"], capture_output=True, text=True,
-                          check=True).stdout
+    return pdf_text(tmp)
 
 
 @settings(max_examples=25, deadline=None,
@@ -95,6 +93,6 @@ def test_invoice_equals_ledger(
     assert all(line.kind != "adjustment" or line.amount_pico == 0 for line in doc.lines)
     engine_out = sum(o for p, c, o, sem, m, off in reqs if not sem and off < 30 * 86400)
     assert sum(x.quantity for x in doc.lines if x.kind == "output") == engine_out
-    if shutil.which("pdftotext") and len(reqs) % 3 == 0:
+    if len(reqs) % 3 == 0:  # the PDF check on a third of the examples (it is slow)
         text = _pdf_text(tmp_path / f"{tag}.pdf", to_pdf(doc))
-        assert f"Total due (USD): {exact_usd(billed)}" in text
+        assert text is None or f"Total due (USD): {exact_usd(billed)}" in text

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from billing.invoice_export import exact_usd
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
 from proxy.settings import Settings
+from tests.pdf_text import pdf_text
 from tests.web.webseed import (
     ADMIN_TOKEN,
     TenantSeed,
@@ -170,9 +170,8 @@ def test_tenant_dashboard_shows_the_ledger_and_downloads_invoices(
         row.locator("a.dl-pdf").click()
     pdf = tmp_path / "invoice.pdf"
     info.value.save_as(str(pdf))
-    if shutil.which("pdftotext"):
-        text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
-                              check=True).stdout
+    text = pdf_text(pdf)
+    if text is not None:
         assert f"Total due (USD): {exact_usd(billed)}" in text
     assert errors == []
 
