@@ -116,8 +116,8 @@ def seed_database(url: str) -> str:
     engine = make_engine(url)
     with session_factory(engine).begin() as session:
         accounts.create_tenant(session, "bench")
-        _, key = accounts.create_key(session, "bench", requests_per_minute=10**9,
-                                     tokens_per_minute=10**12)
+        _, key = accounts.create_key(session, "bench", requests_per_minute=accounts.MAX_LIMIT,
+                                     tokens_per_minute=accounts.MAX_LIMIT)
         pricing.set_price(session, MODEL, "1", "0.5", "2", "0.1")
     engine.dispose()
     return key
