@@ -179,7 +179,12 @@ def dtype_speed(threads: int | None) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts and outputs")
-    ap.add_argument("--dtype", default=EngineConfig().dtype, choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--dtype",
+        default=EngineConfig().dtype,
+        choices=["float32", "bfloat16"],
+        help="default: engine.dtype_choice for this machine",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--dtypes", action="store_true", help="only compare float32 vs bfloat16 speed")

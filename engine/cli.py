@@ -146,7 +146,12 @@ def register(app: typer.Typer) -> None:
                 f"'{TINY_MODEL}' for the random test model)"
             ),
         ] = None,
-        dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16")] = None,
+        dtype: Annotated[
+            str | None,
+            typer.Option(
+                help="auto (bfloat16 where the CPU/GPU has it natively), float32, bfloat16"
+            ),
+        ] = None,
         block_size: Annotated[int, typer.Option(help="Tokens per KV block")] = 16,
         num_blocks: Annotated[
             int | None, typer.Option(help="KV blocks (default: from --kv-cache-mb)")

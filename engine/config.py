@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.dtype_choice import resolve_dtype
+
 TINY_MODEL = "kvtoll-tiny"
-DEFAULT_DTYPE = "bfloat16"  # measured ~2x faster than float32 here (avx512_bf16); see report
+DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware has it natively
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class EngineConfig:
     """
 
     model: str | None = None
-    dtype: str = DEFAULT_DTYPE  # "float32" | "bfloat16"
+    dtype: str = DEFAULT_DTYPE  # "auto" | "float32" | "bfloat16"; "auto" resolved on creation
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30
@@ -39,8 +41,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None = torch default
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        # Resolved once, here: everything downstream sees a concrete dtype.
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         for name in (
             "block_size",
             "kv_cache_bytes",
