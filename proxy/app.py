@@ -28,6 +28,7 @@ from billing.errors import BillingError
 from engine.api import Tokenizer
 from engine.serving.errors import error_response, install_error_handlers
 from proxy import admin
+from proxy.asgi import CompletionEndpoints, GatewayApp
 from proxy.auth import AuthError, KeyAuthenticator
 from proxy.config import ProxyConfig
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
@@ -109,8 +110,11 @@ def create_app(
     gateway_parts = _GatewayParts(tokenizer, context_len, semantic, router)
     state = _build_state(settings, config, metrics, upstreams, session_factory, models,
                          limiter, gateway_parts)
-    app = FastAPI(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.kvtoll = state
+    app.state.kvtoll_completions = CompletionEndpoints(
+        state.intake, state.gateway, max_body_bytes=config.limits.max_body_bytes
+    )
     app.state.kvtoll_resources = tuple(resources)
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, _on_rate_limited)

@@ -1,0 +1,279 @@
+"""The completion endpoints as raw ASGI, dispatched before FastAPI's middleware stack.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` are the gateway's hot path.
+Through FastAPI and Starlette every request crosses seven middleware layers, a
+router scan, a ``Request`` object and a response class before and after the
+service call (~0.3 ms of CPU per request, measured); the endpoints use none of it,
+so :class:`GatewayApp` hands them straight to :class:`CompletionEndpoints`::
+
+    uvicorn ─► GatewayApp.__call__ ──POST, completion path──► CompletionEndpoints.handle
+                        │ anything else                          auth → intake → gateway
+                        ▼                                        → JSON or SSE over ASGI
+                  FastAPI (dashboards, admin, /v1/models, errors, 404/405)
+
+Behaviour is that of the FastAPI routes they replace: OpenAI error objects for every
+refusal (401, 400, 404, 413, 429 with ``Retry-After``, 502), a 500 in the same shape
+for an unexpected failure, ``x-kvtoll-*`` headers, SSE with the same headers, and a
+streamed response is cancelled as soon as the client disconnects (so its ledger row
+says ``client_disconnect``). The two paths stay registered on the FastAPI router as
+well (same handler), so a wrong method is a 405, a server mounted under a
+``root_path`` is served, and ``/openapi.json`` documents them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+from starlette.types import Message, Receive, Scope, Send
+
+from engine.serving.errors import SERVER_ERROR, OpenAIError
+from engine.serving.responses import ResponseMeta
+from engine.serving.sse import SSE_HEADERS
+from proxy.intake import Intake, Kind, RateLimited
+from proxy.render import sse_frames, whole_response
+from proxy.service import Gateway, Reply
+from proxy.upstream.base import UpstreamError
+
+log = logging.getLogger(__name__)
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+# path -> (intake kind, metrics endpoint label)
+ROUTES: dict[str, tuple[Kind, str]] = {
+    CHAT_PATH: ("chat", "chat"),
+    COMPLETIONS_PATH: ("completion", "completions"),
+}
+_JSON = (b"content-type", b"application/json")
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")] + [
+    (name.lower().encode("latin-1"), value.encode("latin-1"))
+    for name, value in SSE_HEADERS.items()
+]
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+def json_bytes(content: Any) -> bytes:
+    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode("utf-8")
+
+
+def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    """``x-kvtoll-request-id``, ``-cache`` and, when known, ``-worker``, ``-similarity``."""
+    headers = [(b"x-kvtoll-request-id", reply.request_id.encode("latin-1")),
+               (b"x-kvtoll-cache", reply.cache_header().encode("latin-1"))]
+    if reply.worker:
+        headers.append((b"x-kvtoll-worker", reply.worker.encode("latin-1")))
+    if reply.similarity is not None:
+        headers.append((b"x-kvtoll-similarity", f"{reply.similarity:.4f}".encode("latin-1")))
+    return headers
+
+
+async def send_json(send: Send, status: int, content: Any,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """One whole JSON response."""
+    body = json_bytes(content)
+    raw = [(b"content-length", str(len(body)).encode("latin-1")), _JSON, *(headers or ())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _error_headers(exc: OpenAIError) -> list[tuple[bytes, bytes]]:
+    if isinstance(exc, RateLimited):
+        return [(b"retry-after", str(exc.retry_after_s).encode("latin-1"))]
+    return []
+
+
+def _too_large(max_bytes: int) -> OpenAIError:
+    return OpenAIError(f"The request body is larger than {max_bytes} bytes", status=413,
+                       code="request_too_large")
+
+
+async def read_body(receive: Receive, declared: str | None, max_bytes: int) -> bytes:
+    """The request body, refusing (413) more than ``max_bytes`` before reading it all
+    (the rules of ``engine.serving.errors.read_body_bytes``, on raw ASGI)."""
+    if declared is not None:
+        if not declared.isdigit():
+            raise OpenAIError("Invalid Content-Length header", code="invalid_header")
+        if int(declared) > max_bytes:
+            raise _too_large(max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class CompletionEndpoints:
+    """Serves the completion paths of :data:`ROUTES` (see module doc)."""
+
+    def __init__(self, intake: Intake, gateway: Gateway, *, max_body_bytes: int) -> None:
+        self._intake = intake
+        self._gateway = gateway
+        self._max_body_bytes = max_body_bytes
+
+    async def handle(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one request for ``path`` (a key of :data:`ROUTES`)."""
+        kind, endpoint = ROUTES[path]
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._complete(kind, endpoint, scope, receive, send_tracked)
+        except OpenAIError as exc:
+            if started:
+                raise
+            await send_json(send, exc.status, exc.body(), _error_headers(exc))
+        except _ClientGone:
+            return
+        except Exception:
+            if started:
+                raise
+            log.exception("completion request failed")
+            error = OpenAIError("The server had an error while processing your request",
+                                status=500, type=SERVER_ERROR, code="internal_error")
+            await send_json(send, 500, error.body())
+
+    async def _complete(self, kind: Kind, endpoint: str, scope: Scope, receive: Receive,
+                        send: Send) -> None:
+        authorization = cache_control = declared = None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and authorization is None:
+                authorization = value.decode("latin-1")
+            elif name == b"cache-control" and cache_control is None:
+                cache_control = value.decode("latin-1")
+            elif name == b"content-length" and declared is None:
+                declared = value.decode("latin-1")
+        identity = await self._intake.authenticate(authorization)
+
+        async def body(max_bytes: int) -> bytes:
+            return await read_body(receive, declared, max_bytes)
+
+        prep = await self._intake.prepare(kind, identity, body, cache_control)
+        reply = await self._gateway.open(prep, endpoint)
+        meta = ResponseMeta.new(kind, prep.model)
+        if prep.request.stream:
+            frames = sse_frames(kind, meta, reply.items, prep.request.include_usage())
+            await stream_until_disconnect(
+                frames, [*_SSE_HEADERS, *reply_headers(reply)], receive, send
+            )
+            return
+        try:
+            async for _ in reply.items:
+                pass
+        except UpstreamError as exc:
+            raise OpenAIError(f"upstream failed: {exc}", status=502, type=SERVER_ERROR,
+                              code="upstream_error") from exc
+        await send_json(send, 200, whole_response(kind, meta, reply.tally),
+                        reply_headers(reply))
+
+
+async def stream_until_disconnect(frames: AsyncIterator[bytes],
+                                  headers: list[tuple[bytes, bytes]], receive: Receive,
+                                  send: Send) -> None:
+    """Send ``frames`` as a 200 response body; stop (closing ``frames``) as soon as the
+    client disconnects, which the server reports through ``receive``."""
+    pump = asyncio.ensure_future(_pump(frames, headers, send))
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        pump.cancel()  # no-op when it finished
+        await asyncio.wait((pump, watch))
+        closer = getattr(frames, "aclose", None)
+        if closer is not None:
+            await closer()
+    if not pump.cancelled():
+        pump.result()  # a failure while sending
+
+
+async def _pump(frames: AsyncIterator[bytes], headers: list[tuple[bytes, bytes]],
+                send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    async for frame in frames:
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class RouteEndpoint:
+    """One completion path as an ASGI endpoint on the FastAPI router (the same
+    :class:`CompletionEndpoints` the fast dispatch uses, found on the app)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoints: CompletionEndpoints = scope["app"].state.kvtoll_completions
+        await endpoints.handle(self.path, scope, receive, send)
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with the completion paths served before its middleware stack."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ROUTES
+                and not scope.get("root_path") and not self.root_path):
+            endpoints: CompletionEndpoints = self.state.kvtoll_completions
+            await endpoints.handle(scope["path"], scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's schema plus the completion paths (:func:`completion_openapi`)."""
+        if self.openapi_schema is None:
+            completion_openapi(super().openapi())
+        return super().openapi()
+
+
+def completion_openapi(schema: dict[str, Any]) -> None:
+    """Add the completion paths (served as raw ASGI, unseen by FastAPI's generator) to
+    an OpenAPI ``schema``, with their request bodies from the shared serving models."""
+    from engine.serving.protocol import ChatCompletionRequest, CompletionRequest
+
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    models: dict[str, type[BaseModel]] = {
+        CHAT_PATH: ChatCompletionRequest, COMPLETIONS_PATH: CompletionRequest,
+    }
+    for path, model in models.items():
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+        kind = ROUTES[path][0]
+        schema.setdefault("paths", {})[path] = {"post": {
+            "summary": f"OpenAI {'chat completions' if kind == 'chat' else 'legacy completions'}",
+            "description": ("Bearer key required. With `\"stream\": true` the answer is "
+                            "server-sent events (`text/event-stream`)."),
+            "operationId": f"create_{kind}_completion",
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
+            "responses": {
+                "200": {"description": "The completion (JSON) or its event stream"},
+                "default": {"description": "An OpenAI error object"},
+            },
+        }}
