@@ -128,6 +128,7 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
 
     from billing.db import make_engine, session_factory
     from proxy.app import create_app
+    from proxy.server import server_config
     from proxy.settings import load_settings
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
@@ -135,7 +136,7 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
                              admin_token="bench-admin-token-0123456789", secret="bench-secret")
     app = create_app(settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
                      session_factory=session_factory(make_engine(database_url)), models=[MODEL])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    uvicorn.Server(server_config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 
 def serve_upstream(latency_ms: float, port: int) -> None:

@@ -27,6 +27,7 @@ def _run(host: str, port: int, options: ServeOptions) -> None:
     import uvicorn
 
     from engine.cli import check_port_free
+    from proxy.server import server_config
     from proxy.stack import build_stack
 
     settings = load_settings()
@@ -40,8 +41,8 @@ def _run(host: str, port: int, options: ServeOptions) -> None:
     try:
         models = ", ".join(stack.model_names)
         typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
-        config = uvicorn.Config(stack.app, host=host, port=port, log_level=settings.log_level,
-                                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level,
+                               timeout_graceful_shutdown=5)
         uvicorn.Server(config).run()
     finally:
         stack.close()

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing import accounts, pricing
 from billing.models import UsageRecord
 from proxy.app import create_app
+from proxy.server import server_config
 from proxy.settings import Settings
 
 MODEL = "test-model"
@@ -67,12 +68,12 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """``app`` served by uvicorn in a thread on 127.0.0.1:<free port>."""
+    """``app`` served in a thread on 127.0.0.1:<free port>, configured as ``kvtoll serve``
+    serves it (:func:`proxy.server.server_config`)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on")
+        config = server_config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
