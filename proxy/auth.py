@@ -109,12 +109,16 @@ class KeyAuthenticator:
         return entry
 
     def cached(self, authorization: str | None) -> KeyIdentity | None:
-        """A fresh cached identity without touching the database (fast path), else None."""
-        try:
-            digest = keys.hash_key(bearer_token(authorization))
-        except AuthError:
+        """A fresh cached identity without touching the database (fast path), else None.
+
+        The format check is skipped: only keys that passed it are ever cached, and a
+        malformed key's digest is therefore never found (it falls through to
+        :meth:`authenticate`, which refuses it)."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             return None
-        entry = self._cache.get(digest)
+        entry = self._cache.get(keys.hash_key(token))
         if entry is None or self._clock() >= entry.expires_at:
             return None
         return entry.identity

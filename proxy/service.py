@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import anyio
 
 from billing.ledger import LedgerEntry
-from billing.models import RequestStatus, ServedBy
+from billing.models import RequestStatus, ServedBy, TenantId
 from engine.api import Tokenizer
-from engine.kv.hashing import derive_tenant_salt
+from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from engine.serving.errors import SERVER_ERROR, OpenAIError
 from proxy.config import ProxyConfig
 from proxy.hooks import (
@@ -57,6 +57,7 @@ from proxy.upstream.base import (
 )
 
 log = logging.getLogger(__name__)
+MAX_CACHED_SALTS = 100_000
 
 
 @dataclass
@@ -126,6 +127,16 @@ class Gateway:
         self._semantic = semantic
         self._router = router
         self._background: set[asyncio.Task[None]] = set()
+        self._salts: dict[TenantId, TenantSalt] = {}
+
+    def _salt(self, tenant_id: TenantId) -> TenantSalt:
+        """The tenant's engine salt (an HMAC of the server secret), derived once."""
+        salt = self._salts.get(tenant_id)
+        if salt is None:
+            if len(self._salts) >= MAX_CACHED_SALTS:
+                self._salts.clear()
+            salt = self._salts[tenant_id] = derive_tenant_salt(self._secret, tenant_id)
+        return salt
 
     async def open(self, prep: Prepared, endpoint: str) -> Reply:
         """Start answering ``prep``; raises :class:`OpenAIError` if no upstream can."""
@@ -154,7 +165,7 @@ class Gateway:
     ) -> Reply:
         request = UpstreamRequest(
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
-            salt=derive_tenant_salt(self._secret, prep.identity.tenant_id),
+            salt=self._salt(prep.identity.tenant_id),
             prompt_token_ids=prep.prompt.token_ids,
         )
         flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
@@ -252,7 +263,10 @@ class Gateway:
         prompt, cached, completion = _billable_tokens(flight)
         entry = _ledger_entry(flight, status, prompt, cached, completion)
         await self._meter.record(entry)
-        self._observe(flight, status, entry, prompt, cached, completion)
+        # Metrics after the response is on its way: the client waits for nothing here.
+        asyncio.get_running_loop().call_soon(
+            self._observe, flight, status, entry, prompt, cached, completion
+        )
         if self._router is not None and flight.upstream and flight.upstream_request:
             await self._router.release(
                 flight.upstream, flight.upstream_request, flight.tally.usage
