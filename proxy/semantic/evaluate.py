@@ -174,6 +174,7 @@ async def run_pair_bench(
         "threshold": threshold if threshold is not None else verifier.default_threshold,
         **_summary(hits, correct, positives, len(queries)),
         "false_hits_own_pair_label_0": outcomes.count("own_label_0"),
+        "rule_ceiling": rule_ceiling(pairs, queries),
         "false_hits_other_entry": outcomes.count("other_entry"),
         "qqp_heldout_subset": _summary(
             sum(1 for o, _ in heldout if o != "miss"),
@@ -189,6 +190,30 @@ async def run_pair_bench(
             "total": _pct([t.total_ms for t in timings]),
         },
         "peer_gptcache_similarity_0.8": _peer(embedder, pairs, queries),
+    }
+
+
+def rule_ceiling(pairs: Sequence[Pair], queries: Sequence[int]) -> dict[str, Any]:
+    """The best precision any cache can reach under the own-pair rule on these queries.
+
+    A query whose text is, character for character, another pair's ``text_a`` finds
+    that stored prompt itself; every cache serves an identical question (it is an
+    exact repeat), yet the rule counts the hit false because the entry is not the
+    query's own pair. With ``forced`` such queries, even a perfect verifier that
+    serves every other positive and nothing else reaches only
+    ``achievable / (achievable + forced)``.
+    """
+    stored = {p.text_a for p in pairs}
+    forced = [
+        i for i in queries if pairs[i].text_b in stored and pairs[i].text_b != pairs[i].text_a
+    ]
+    positives = sum(pairs[i].label for i in queries)
+    achievable = positives - sum(pairs[i].label for i in forced)
+    denominator = achievable + len(forced)
+    return {
+        "queries_identical_to_another_pairs_prompt": len(forced),
+        "max_precision": round(achievable / denominator, 4) if denominator else None,
+        "max_recall": round(achievable / positives, 4) if positives else None,
     }
 
 
