@@ -47,6 +47,7 @@ from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.semantic_bridge import answer_of, hit_items, query_of
+from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
 from proxy.upstream.base import (
     Upstream,
@@ -170,18 +171,21 @@ class Gateway:
         )
         flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)
+        timer = StepTimer()
         try:
-            upstream, first, stream = await self._connect(request)
+            upstream, first, stream = await self._connect(request, timer)
         except UpstreamRejected as exc:
+            timer.close()
             raise OpenAIError(str(exc), status=exc.status, param=exc.param,
                               code="upstream_rejected") from exc
         except UpstreamUnavailable:
+            timer.close()
             with anyio.CancelScope(shield=True):
                 await self._finish(flight, RequestStatus.UPSTREAM_ERROR)
             raise
         flight.upstream = upstream
         flight.tally.note_prompt(first)  # the prompt counts, before the headers are sent
-        items = self._relay(flight, self._timed(first, stream))
+        items = self._relay(flight, self._timed(first, stream, timer))
         return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally)
 
     async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
@@ -191,14 +195,14 @@ class Gateway:
         return candidates
 
     async def _connect(
-        self, request: UpstreamRequest
+        self, request: UpstreamRequest, timer: StepTimer
     ) -> tuple[Upstream, Item, AsyncIterator[Item]]:
         """The first upstream that produces a first item, that item and the rest."""
         problems: list[str] = []
         for upstream in await self._candidates(request):
             stream = upstream.stream(request)
             try:
-                async with asyncio.timeout(self._config.upstream_first_byte_timeout_s):
+                with timer(self._config.upstream_first_byte_timeout_s):
                     first = await anext(stream)
             except UpstreamRejected:
                 await _close(stream)
@@ -216,26 +220,32 @@ class Gateway:
             return upstream, first, stream
         raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
 
-    async def _timed(self, first: Item, stream: AsyncIterator[Item]) -> AsyncIterator[Item]:
+    async def _timed(self, first: Item, stream: AsyncIterator[Item],
+                     timer: StepTimer) -> AsyncIterator[Item]:
+        ended = False
         try:
             yield first
             while True:
                 try:
-                    async with asyncio.timeout(self._config.upstream_idle_timeout_s):
+                    with timer(self._config.upstream_idle_timeout_s):
                         item = await anext(stream)
                 except StopAsyncIteration:
+                    ended = True
                     return
                 except TimeoutError:
                     raise UpstreamError("upstream stalled", retryable=False) from None
                 yield item
         finally:
-            with anyio.CancelScope(shield=True):
-                await _close(stream)
+            timer.close()
+            if not ended:  # an exhausted upstream stream has nothing left to close
+                with anyio.CancelScope(shield=True):
+                    await _close(stream)
 
     async def _relay(
         self, flight: _Flight, source: AsyncIterator[Item]
     ) -> AsyncGenerator[Item, None]:
         status = RequestStatus.CLIENT_DISCONNECT
+        ended = False
         try:
             async for item in source:
                 flight.tally.add(item)
@@ -243,6 +253,7 @@ class Gateway:
                     with anyio.CancelScope(shield=True):
                         await self._finish(flight, RequestStatus.OK)
                 yield item
+            ended = True
             if not flight.metered:
                 status = RequestStatus.UPSTREAM_ERROR
                 raise UpstreamError("upstream ended without usage", retryable=False)
@@ -250,10 +261,11 @@ class Gateway:
             status = RequestStatus.UPSTREAM_ERROR
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await _close(source)
-                if not flight.metered:
-                    await self._finish(flight, status)
+            if not (ended and flight.metered):  # else: source exhausted, row written
+                with anyio.CancelScope(shield=True):
+                    await _close(source)
+                    if not flight.metered:
+                        await self._finish(flight, status)
 
     async def _finish(self, flight: _Flight, status: RequestStatus) -> None:
         """Write the request's one ledger row and update metrics, hooks and caches."""

@@ -67,6 +67,12 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._waiter: asyncio.Future[None] | None = None
+        # read timeout: one timer handle per connection, re-armed only when it fires
+        # before the current wait's deadline (no handle scheduled and cancelled per wait)
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._timeout_s = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -130,17 +136,29 @@ class _Conn(asyncio.Protocol):
             self._waiter.set_result(None)
 
     async def wait(self, timeout_s: float) -> None:
-        """Until new bytes were parsed or the connection ended."""
+        """Until new bytes were parsed or the connection ended (:class:`H1Timeout` after
+        ``timeout_s`` without either)."""
         if self.error is not None:
             raise self.error
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter = self._loop.create_future()
+        self._timeout_s = timeout_s
+        self._deadline = self._loop.time() + timeout_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError:
-            raise H1Timeout(f"no data for {timeout_s:g} s") from None
+            await waiter
         finally:
             self._waiter = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait schedules a handle again
+        if self._loop.time() < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+            return
+        waiter.set_exception(H1Timeout(f"no data for {self._timeout_s:g} s"))
 
     def send(self, data: bytes) -> None:
         self._reset()
@@ -157,6 +175,9 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 
