@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -58,6 +59,13 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")] + [
 
 class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
+
+
+def response_meta(kind: Kind, request_id: str, model: str) -> ResponseMeta:
+    """The response's id (``chatcmpl-…`` / ``cmpl-…``) is the request id's hex: unique
+    like it, one random UUID per request instead of two."""
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return ResponseMeta(f"{prefix}-{request_id.replace('-', '')}", model, int(time.time()))
 
 
 def json_bytes(content: Any) -> bytes:
@@ -171,7 +179,7 @@ class CompletionEndpoints:
 
         prep = await self._intake.prepare(kind, identity, body, cache_control)
         reply = await self._gateway.open(prep, endpoint)
-        meta = ResponseMeta.new(kind, prep.model)
+        meta = response_meta(kind, prep.request_id, prep.model)
         if prep.request.stream:
             frames = sse_frames(kind, meta, reply.items, prep.request.include_usage())
             await stream_until_disconnect(

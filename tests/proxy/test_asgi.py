@@ -92,6 +92,8 @@ def test_same_answers_fast_and_through_the_router(
     assert ok_headers["x-kvtoll-worker"] == "scripted-0"
     answer = json.loads(ok_body)
     assert answer["choices"][0]["message"]["content"] == "word0 word1 word2 "
+    request_id = ok_headers["x-kvtoll-request-id"]
+    assert answer["id"] == "chatcmpl-" + request_id.replace("-", "")
     assert answer["usage"]["completion_tokens"] == 3
     assert (no_key, json.loads(no_key_body)["error"]["code"]) == (401, "invalid_api_key")
     assert (bad, json.loads(bad_body)["error"]["code"]) == (400, "invalid_json")
