@@ -190,6 +190,8 @@ class _SseEvents:
 
     def feed(self, chunk: bytes) -> list[str]:
         """The events completed by ``chunk``."""
+        if not self._buffer and not self._pending and b"\r" not in chunk:
+            return self._feed_blocks(chunk)
         self._buffer += chunk
         if b"\n" not in chunk:
             return []
@@ -197,6 +199,24 @@ class _SseEvents:
         out: list[str] = []
         for raw in lines:
             self._line(raw.decode("utf-8", errors="replace").rstrip("\r"), out)
+        return out
+
+    def _feed_blocks(self, chunk: bytes) -> list[str]:
+        """:meth:`feed` when no event is half read and lines end in ``\n`` alone (what
+        servers send): split on blank lines, and a block that is one ``data: `` line is
+        its event as it stands; any other block goes line by line."""
+        *blocks, tail = chunk.split(b"\n\n")
+        out: list[str] = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                out.append(block[6:].decode("utf-8", errors="replace"))
+                continue
+            for raw in block.split(b"\n"):
+                self._line(raw.decode("utf-8", errors="replace"), out)
+            self._line("", out)  # the blank line that ended the block
+        *lines, self._buffer = tail.split(b"\n")
+        for raw in lines:
+            self._line(raw.decode("utf-8", errors="replace"), out)
         return out
 
     def close(self) -> list[str]:

@@ -22,19 +22,34 @@ STREAM = (
 ).encode()
 
 
-async def _reference() -> list[str]:
+# What servers send (lines end in "\n" alone): chunks that start on an event boundary
+# take the block-splitting fast path, the others the line-by-line one.
+PLAIN_STREAM = (
+    'data: {"a": "héllo ✓"}\n\n'
+    ": keep-alive comment\n\n"
+    "data: line one\ndata:line two\nid: 7\n\n"
+    "data:\n\n"
+    "data: \n\n"
+    "\n\n\n"
+    "event: x\ndata: after an event field\n\n"
+    "data: [DONE]\n\n"
+    "data: trailing without blank line"
+).encode()
+
+
+async def _reference(stream: bytes = STREAM) -> list[str]:
     async def chunks() -> AsyncIterator[bytes]:
-        yield STREAM
+        yield stream
 
     out = [d async for d in aiter_sse_data(aiter_byte_lines(chunks()))]
     return out
 
 
-def _split(step: int) -> list[str]:
+def _split(step: int, stream: bytes = STREAM) -> list[str]:
     events = _SseEvents()
     out: list[str] = []
-    for i in range(0, len(STREAM), step):
-        out += events.feed(STREAM[i:i + step])
+    for i in range(0, len(stream), step):
+        out += events.feed(stream[i:i + step])
     return out + events.close()
 
 
@@ -45,3 +60,16 @@ def test_events_match_the_line_reader_for_every_chunk_size() -> None:
         got = _split(step)
         assert got[:3] == expected, step  # the reference stops after [DONE]
         assert got[3:] == ["trailing without blank line"], step
+
+
+def test_plain_streams_match_the_line_reader_for_every_chunk_size() -> None:
+    expected = asyncio.run(_reference(PLAIN_STREAM))
+    assert expected == ['{"a": "héllo ✓"}', "line one\nline two", "", "",
+                        "after an event field", "[DONE]"]
+    for step in range(1, len(PLAIN_STREAM) + 1):
+        got = _split(step, PLAIN_STREAM)
+        assert got[:6] == expected, step
+        assert got[6:] == ["trailing without blank line"], step
+    events = _SseEvents()  # several whole events in one chunk, then a split one
+    assert events.feed(b"data: 1\n\ndata: 2\n\ndata: 3") == ["1", "2"]
+    assert events.feed(b"3\n\n") == ["33"]
