@@ -43,9 +43,12 @@ log = logging.getLogger(__name__)
 DRAIN_BATCH = 200
 
 
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(LedgerEntry))
+
+
 def entry_to_json(entry: LedgerEntry) -> dict[str, Any]:
     """A JSON-safe dict of ``entry`` (enums by value, times in ISO 8601 with offset)."""
-    data = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}  # flat: no copy
+    data = {name: getattr(entry, name) for name in _ENTRY_FIELDS}  # flat: no copy
     data["created_at"] = entry.created_at.isoformat()
     data["served_by"] = ServedBy(entry.served_by).value
     data["status"] = RequestStatus(entry.status).value

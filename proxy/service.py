@@ -185,7 +185,7 @@ class Gateway:
             raise
         flight.upstream = upstream
         flight.tally.note_prompt(first)  # the prompt counts, before the headers are sent
-        items = self._relay(flight, self._timed(first, stream, timer))
+        items = self._relay(flight, stream, first=first, timer=timer)
         return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally)
 
     async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
@@ -220,39 +220,36 @@ class Gateway:
             return upstream, first, stream
         raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
 
-    async def _timed(self, first: Item, stream: AsyncIterator[Item],
-                     timer: StepTimer) -> AsyncIterator[Item]:
-        ended = False
-        try:
-            yield first
-            while True:
-                try:
-                    with timer(self._config.upstream_idle_timeout_s):
-                        item = await anext(stream)
-                except StopAsyncIteration:
-                    ended = True
-                    return
-                except TimeoutError:
-                    raise UpstreamError("upstream stalled", retryable=False) from None
-                yield item
-        finally:
-            timer.close()
-            if not ended:  # an exhausted upstream stream has nothing left to close
-                with anyio.CancelScope(shield=True):
-                    await _close(stream)
-
     async def _relay(
-        self, flight: _Flight, source: AsyncIterator[Item]
+        self, flight: _Flight, source: AsyncIterator[Item], *, first: Item | None = None,
+        timer: StepTimer | None = None,
     ) -> AsyncGenerator[Item, None]:
+        """``first`` (when given) then ``source``'s items, each folded into the tally;
+        the ledger row is written when the usage item passes, else when the stream
+        ends or is closed. With ``timer``, waiting longer than the idle timeout for an
+        item is an :class:`UpstreamError` ("upstream stalled")."""
         status = RequestStatus.CLIENT_DISCONNECT
         ended = False
+        item = first
         try:
-            async for item in source:
+            while True:
+                if item is None:
+                    try:
+                        if timer is None:
+                            item = await anext(source)
+                        else:
+                            with timer(self._config.upstream_idle_timeout_s):
+                                item = await anext(source)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise UpstreamError("upstream stalled", retryable=False) from None
                 flight.tally.add(item)
                 if isinstance(item, UpstreamUsage):
                     with anyio.CancelScope(shield=True):
                         await self._finish(flight, RequestStatus.OK)
                 yield item
+                item = None
             ended = True
             if not flight.metered:
                 status = RequestStatus.UPSTREAM_ERROR
@@ -261,6 +258,8 @@ class Gateway:
             status = RequestStatus.UPSTREAM_ERROR
             raise
         finally:
+            if timer is not None:
+                timer.close()
             if not (ended and flight.metered):  # else: source exhausted, row written
                 with anyio.CancelScope(shield=True):
                     await _close(source)

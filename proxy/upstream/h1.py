@@ -242,11 +242,14 @@ class H1Client:
             lines.append(f"content-length: {len(body)}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         timeout = self.read_timeout_s if read_timeout_s is None else read_timeout_s
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise H1Timeout("no free upstream connection") from None
+        if self._slots.locked():  # all connections busy: wait, but not forever
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise H1Timeout("no free upstream connection") from None
+        else:
+            await self._slots.acquire()  # immediate
         try:
             return await self._exchange(origin, data, timeout)
         except BaseException:

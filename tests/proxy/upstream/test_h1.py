@@ -144,3 +144,32 @@ def test_repeated_header_joined_and_origin_parsing() -> None:
     assert Origin.parse("http://h:8080").port == 8080
     with pytest.raises(ValueError):
         Origin.parse("ftp://h")
+
+
+async def _connection_slots() -> None:
+    release = asyncio.Event()
+
+    async def handler(conn: int, request: int, head: bytes) -> bytes | None:
+        if b"/hold" in head:
+            await release.wait()
+        return _ok(b"done")
+
+    server, origin = await RawServer(handler).start()
+    client = H1Client(connect_timeout_s=0.2, max_connections=1)
+    held = asyncio.ensure_future(_get(client, origin, "/hold"))
+    await asyncio.sleep(0.05)  # the only slot is taken
+    with pytest.raises(H1Timeout, match="no free upstream connection"):
+        await _get(client, origin)
+    release.set()
+    assert await held == (200, b"done")
+    assert await _get(client, origin) == (200, b"done")  # the slot came back
+    await client.aclose()
+    server.close()
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop])
+def test_waiting_for_a_free_connection_times_out(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop]
+) -> None:
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(_connection_slots())
