@@ -2,8 +2,8 @@
 
 Write path (transactional outbox)::
 
-    request finishes ─► Meter.record(entry) ─► outbox.put (local SQLite, ~0.1 ms, in the
-                                               event loop; survives kill -9)
+    request finishes ─► Meter.record(entry) ─► outbox.put (one append to a local journal,
+                                               in the event loop; survives kill -9)
                                             └► wake the drainer
     drainer (background) ─► outbox.peek(batch) ─► billing.ledger.write_usage_many
                                                   (one transaction per batch, idempotent
@@ -99,7 +99,7 @@ class Meter:
         is safe to answer the client."""
         try:
             self._outbox.put(entry.request_id, entry_to_json(entry))
-        except sqlite3.Error:  # local disk trouble: write through to the ledger instead
+        except (OSError, sqlite3.Error):  # local disk trouble: write to the ledger instead
             log.exception("outbox write failed; writing %s to the ledger directly",
                           entry.request_id)
             await anyio.to_thread.run_sync(write_usage, self._factory, entry)
