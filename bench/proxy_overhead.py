@@ -2,8 +2,9 @@
 
 A fixed-latency OpenAI-compatible upstream (a raw ASGI app started by this script:
 ``--upstream-ms`` of sleep, then a short chat completion, streamed or whole) runs in
-its own process; the gateway runs in another (uvicorn, the real ``create_app`` with
-key auth and metering on SQLite, the upstream reached with ``HttpUpstream``). The
+its own process; the gateway runs in another (uvicorn configured as ``kvtoll serve``
+does, :func:`proxy.server.server_config`; the real ``create_app`` with key auth and
+metering on SQLite, the upstream reached with ``HttpUpstream``). The
 peer is the same client calling the upstream directly, in the same run::
 
     latency:    sequential requests, direct and proxied interleaved; added = proxied - direct
