@@ -112,9 +112,7 @@ def create_app(
                          limiter, gateway_parts)
     app = GatewayApp(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.kvtoll = state
-    app.state.kvtoll_completions = CompletionEndpoints(
-        state.intake, state.gateway, max_body_bytes=config.limits.max_body_bytes
-    )
+    app.state.kvtoll_completions = CompletionEndpoints(state.intake, state.gateway)
     app.state.kvtoll_resources = tuple(resources)
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, _on_rate_limited)

@@ -131,10 +131,9 @@ async def read_body(receive: Receive, declared: str | None, max_bytes: int) -> b
 class CompletionEndpoints:
     """Serves the completion paths of :data:`ROUTES` (see module doc)."""
 
-    def __init__(self, intake: Intake, gateway: Gateway, *, max_body_bytes: int) -> None:
+    def __init__(self, intake: Intake, gateway: Gateway) -> None:
         self._intake = intake
         self._gateway = gateway
-        self._max_body_bytes = max_body_bytes
 
     async def handle(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request for ``path`` (a key of :data:`ROUTES`)."""
