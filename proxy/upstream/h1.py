@@ -260,8 +260,9 @@ class H1Client:
         conn, reused = await self._acquire(origin)
         try:
             return await self._headers(origin, conn, data, timeout_s)
-        except H1Error:
-            if not (reused and not conn.received) or isinstance(conn.error, H1Timeout):
+        except H1Error as exc:
+            # a silent server (timeout) is not a stale connection: no second wait
+            if not (reused and not conn.received) or isinstance(exc, H1Timeout):
                 raise
         finally:
             if not conn.headers_done:

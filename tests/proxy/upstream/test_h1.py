@@ -173,3 +173,24 @@ def test_waiting_for_a_free_connection_times_out(
 ) -> None:
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(_connection_slots())
+
+
+async def _silent_reused_connection() -> None:
+    async def handler(conn: int, request: int, head: bytes) -> bytes | None:
+        if request == 2:
+            await asyncio.sleep(5)  # accepts the request, never answers in time
+        return _ok(b"hi")
+
+    raw = RawServer(handler)
+    server, origin = await raw.start()
+    client = H1Client(connect_timeout_s=2, read_timeout_s=0.2)
+    assert await _get(client, origin) == (200, b"hi")
+    with pytest.raises(H1Timeout):
+        await _get(client, origin)  # on the pooled connection
+    assert (raw.connections, len(raw.heads)) == (1, 2)  # not sent again elsewhere
+    await client.aclose()
+    server.close()
+
+
+def test_a_timeout_on_a_pooled_connection_is_not_retried() -> None:
+    asyncio.run(_silent_reused_connection())
