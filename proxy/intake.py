@@ -9,6 +9,7 @@ tokens → admission limits → per-key rate limit (429). The result is an immut
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
@@ -64,6 +65,26 @@ class RateLimited(OpenAIError):
             status=429, type=limit, code="rate_limit_exceeded",
         )
         self.retry_after_s = retry_after_s
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def decode_json_object(raw: bytes) -> dict[str, Any]:
+    """:func:`engine.serving.errors.decode_json_body` (strict UTF-8 and JSON, an object,
+    no lone surrogate), with a fast path for the common body: without a ``\\u`` escape
+    there can be no lone surrogate (UTF-8 text cannot carry one), so the walk over
+    every string is skipped. Anything the fast path does not accept goes through the
+    strict decoder, which raises the exact error."""
+    if b"\\u" not in raw:
+        try:
+            data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            data = None
+        if isinstance(data, dict):
+            return data
+    return decode_json_body(raw)
 
 
 def cache_directives(header: str | None) -> tuple[bool, bool]:
@@ -122,7 +143,7 @@ class Intake:
         """Validate and admit one request of ``identity`` (raises :class:`OpenAIError`)."""
         started = time.perf_counter()
         arrived_at = datetime.now(UTC)
-        data = decode_json_body(await read_body(self._config.limits.max_body_bytes))
+        data = decode_json_object(await read_body(self._config.limits.max_body_bytes))
         request = parse_request(kind, data)
         if request.model not in self._models:
             raise OpenAIError(

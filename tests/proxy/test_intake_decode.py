@@ -1,0 +1,46 @@
+"""The intake's JSON fast path answers exactly as the engine's strict decoder: the same
+object, or the same OpenAI error, for good bodies and every kind of bad one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.serving.errors import OpenAIError, decode_json_body
+from proxy.intake import decode_json_object
+
+BODIES = [
+    b'{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9llo"}]}',
+    '{"model": "m", "messages": [{"role": "user", "content": "héllo ✓"}]}'.encode(),
+    b'{"a": "\\ud800"}',  # lone surrogate escape
+    b'{"a": "\\ud83d\\ude00"}',  # a valid pair
+    b'{"a": NaN}', b'{"a": Infinity}', b'{"a": -Infinity}', b'{"a": "NaN"}',
+    b"", b"   ", b"[1, 2]", b'"text"', b"{", b'{"a": 1,}', b"\xef\xbb\xbf{}",
+    b'{"a": "\xff"}', b'{"n": 1' + b"0" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000,
+    b'{"a": 1} trailing',
+]
+
+
+def _outcome(decode: object, raw: bytes) -> object:
+    assert callable(decode)
+    try:
+        return ("ok", decode(raw))
+    except OpenAIError as exc:
+        return ("error", exc.status, exc.body())
+
+
+@pytest.mark.parametrize("raw", BODIES, ids=[repr(b[:30]) for b in BODIES])
+def test_same_outcome_as_the_strict_decoder(raw: bytes) -> None:
+    assert _outcome(decode_json_object, raw) == _outcome(decode_json_body, raw)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+                    max_leaves=20))
+def test_same_outcome_for_any_json_value(value: object) -> None:
+    for raw in (json.dumps(value).encode(), json.dumps(value, ensure_ascii=False).encode(
+            "utf-8", errors="surrogatepass")):
+        assert _outcome(decode_json_object, raw) == _outcome(decode_json_body, raw)
