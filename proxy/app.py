@@ -1,4 +1,6 @@
 """The gateway's FastAPI app, built by :func:`create_app` (nothing happens at import).
+It is a :class:`proxy.asgi.GatewayApp`: the two completion endpoints are served as raw
+ASGI before FastAPI's middleware stack; everything else goes through FastAPI.
 
 The caller builds the expensive parts (settings, database session factory, upstreams,
 optional semantic cache and router) and hands them in; the factory wires auth,
