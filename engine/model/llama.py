@@ -11,9 +11,10 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.model.config import LlamaConfig
-from engine.model.rope import RotaryEmbedding
+from engine.model.rope import RotaryEmbedding, rotate
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, head_dim]
 
 
 class RMSNorm(nn.Module):
@@ -44,15 +45,14 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: RopeTables,
         cache: KVCache,
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = rope.apply(self.q_proj(x).view(t, self.num_heads, self.head_dim), positions)
-        k = rope.apply(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), positions)
+        q = rotate(self.q_proj(x).view(t, self.num_heads, self.head_dim), *rope)
+        k = rotate(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), *rope)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         backend.write_kv(k, v, cache[0], cache[1], meta.slot_mapping)
         o = backend.forward(q, cache[0], cache[1], meta, self.scale)
@@ -81,13 +81,12 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: RopeTables,
         cache: KVCache,
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, rope, cache, meta, backend)
+        h = h + self.self_attn(self.input_layernorm(h), rope, cache, meta, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -121,8 +120,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of the flattened tokens."""
         h = self.model.embed_tokens(input_ids)
+        tables = rope.tables(positions)  # once per step, not per layer
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(h, positions, rope, cache, meta, backend)
+            h = layer(h, tables, cache, meta, backend)
         return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
