@@ -31,6 +31,7 @@ class _DecodeGroup:
     q_idx: torch.Tensor  # [b] rows of q / out
     block_ids: torch.Tensor  # [b * num_blocks] flattened block tables
     pad: torch.Tensor  # [b, 1, width] True past each row's context
+    keep: torch.Tensor  # [b, 1, 1, width] its negation (an SDPA attention mask)
     size: int
     width: int  # num_blocks * block_size
 
@@ -85,7 +86,10 @@ class TorchAttentionBackend:
         for n in meta.query_lens_cpu:
             qsl.append(qsl[-1] + n)
         for group in self._decode_plan(meta, qsl, k_cache.shape[1], q.device):
-            self._decode(q, k_cache, v_cache, group, scale, out)
+            if q.dtype == torch.float32:
+                self._decode_sdpa(q, k_cache, v_cache, group, scale, out)
+            else:
+                self._decode(q, k_cache, v_cache, group, scale, out)
         for i, n in enumerate(meta.query_lens_cpu):
             if n > 1:
                 out[qsl[i] : qsl[i + 1]] = self._prefill_one(
@@ -108,7 +112,11 @@ class TorchAttentionBackend:
             lens = torch.tensor([meta.seq_lens_cpu[i] for i in members], device=device)
             pad = torch.arange(nb * block_size, device=device).unsqueeze(0) >= lens.unsqueeze(1)
             q_idx = torch.tensor([qsl[i] for i in members], dtype=torch.long, device=device)
-            groups.append(_DecodeGroup(q_idx, ids, pad.unsqueeze(1), len(members), nb * block_size))
+            groups.append(
+                _DecodeGroup(
+                    q_idx, ids, pad.unsqueeze(1), ~pad[:, None, None], len(members), nb * block_size
+                )
+            )
         self._plan = (meta, block_size, groups)
         return groups
 
@@ -161,6 +169,32 @@ class TorchAttentionBackend:
         o = torch.bmm(probs, v)  # [B, H, Hkv*D]
         o = torch.diagonal(o.view(b, hkv, h // hkv, hkv, d), dim1=1, dim2=3)  # [B, G, D, Hkv]
         out.index_copy_(0, g.q_idx, o.permute(0, 3, 1, 2).reshape(b, h, d))
+
+    def _decode_sdpa(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        g: _DecodeGroup,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """:meth:`_decode` through torch's fused CPU attention kernel (float32).
+
+        The gathered K/V are passed as strided ``[B, Hkv, W, D]`` views (no transposed
+        copies) with GQA left to the kernel. In float32 on CPU it ran 1.0-1.8x faster
+        than the block-diagonal matmuls (more so at long contexts); in bfloat16 it was
+        ~10x slower, so bfloat16 keeps :meth:`_decode`.
+        """
+        _, _, hkv, d = k_cache.shape
+        b, h = g.size, q.shape[1]
+        k = self._rows(k_cache, g.block_ids).view(b, g.width, hkv, d).transpose(1, 2)
+        v = self._rows(v_cache, g.block_ids).view(b, g.width, hkv, d).transpose(1, 2)
+        qb = q.index_select(0, g.q_idx).view(b, h, 1, d)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qb, k, v, attn_mask=g.keep, scale=scale, enable_gqa=hkv != h
+        )
+        out.index_copy_(0, g.q_idx, o.view(b, h, d))
 
     def _prefill_one(
         self,
