@@ -5,8 +5,9 @@ K/V are gathered through each sequence's block table (layout in
 
 * decode rows (query length 1) are split into groups of similar context length
   (:mod:`engine.attention.decode_groups`, planned once per step and reused by every
-  layer); each group is one batched matmul, keys padded to the group's longest
-  context and masked by ``seq_lens``;
+  layer); each group is one batched attention (torch's fused SDPA kernel in float32,
+  block-diagonal matmuls in bfloat16), keys padded to the group's longest context and
+  masked by ``seq_lens``;
 * prefill chunks run one sequence at a time with a causal mask shifted by the number
   of tokens already in the cache (``seq_len - query_len``).
 

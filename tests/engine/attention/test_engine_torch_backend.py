@@ -23,23 +23,27 @@ def _dense(
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-# decode: a group per length / one group; prefill: 3-row query tiles / one tile
+# decode: a group per length / one group; prefill: 3-row query tiles / one tile.
+# float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group_cost", "tile"), [(0, 3), (64, 128)])
-def test_mixed_prefill_chunks_and_decodes_match_dense(group_cost: int, tile: int) -> None:
+def test_mixed_prefill_chunks_and_decodes_match_dense(
+    group_cost: int, tile: int, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(0)
     backend = TorchAttentionBackend(group_cost, tile)
     # (cached tokens, new tokens) per sequence: fresh prefill, chunk over a prefix, decodes
     shapes = [(0, 7), (5, 6), (9, 1), (3, 1), (16, 1), (2, 1)]
     num_blocks = 40
-    k_cache = torch.zeros(num_blocks, BS, HKV, D)
-    v_cache = torch.zeros(num_blocks, BS, HKV, D)
+    k_cache = torch.zeros(num_blocks, BS, HKV, D, dtype=dtype)
+    v_cache = torch.zeros(num_blocks, BS, HKV, D, dtype=dtype)
     free = list(torch.randperm(num_blocks, generator=gen).tolist())
     full_k, full_v, tables = [], [], []
     for cached, new in shapes:
         n_blocks = -(-(cached + new) // BS)
         tables.append([free.pop() for _ in range(n_blocks)])
-        full_k.append(torch.randn(cached + new, HKV, D, generator=gen))
-        full_v.append(torch.randn(cached + new, HKV, D, generator=gen))
+        full_k.append(torch.randn(cached + new, HKV, D, generator=gen).to(dtype))
+        full_v.append(torch.randn(cached + new, HKV, D, generator=gen).to(dtype))
     # the cached part is already in the cache
     for (cached, _), table, k, v in zip(shapes, tables, full_k, full_v, strict=True):
         for p in range(cached):
@@ -50,7 +54,7 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(group_cost: int, tile: int
     new_v: list[torch.Tensor] = []
     slots: list[int] = []
     for (cached, new), table, k, v in zip(shapes, tables, full_k, full_v, strict=True):
-        q_parts.append(torch.randn(new, H, D, generator=gen))
+        q_parts.append(torch.randn(new, H, D, generator=gen).to(dtype))
         new_k.append(k[cached:])
         new_v.append(v[cached:])
         slots.extend(table[p // BS] * BS + p % BS for p in range(cached, cached + new))
@@ -75,6 +79,9 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(group_cost: int, tile: int
     q = torch.cat(q_parts)
     backend.write_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta.slot_mapping)
     out = backend.forward(q, k_cache, v_cache, meta, D**-0.5)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 probabilities and output
     for i, (cached, _) in enumerate(shapes):
-        ref = _dense(q_parts[i], full_k[i], full_v[i], cached, D**-0.5)
-        torch.testing.assert_close(out[qsl[i] : qsl[i + 1]], ref, rtol=1e-5, atol=1e-5)
+        ref = _dense(q_parts[i].float(), full_k[i].float(), full_v[i].float(), cached, D**-0.5)
+        got = out[qsl[i] : qsl[i + 1]].float()
+        torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
