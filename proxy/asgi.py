@@ -33,7 +33,12 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from starlette.types import Message, Receive, Scope, Send
 
-from engine.serving.errors import SERVER_ERROR, OpenAIError
+from engine.serving.errors import (
+    SERVER_ERROR,
+    OpenAIError,
+    body_too_large,
+    check_declared_length,
+)
 from engine.serving.responses import ResponseMeta
 from engine.serving.sse import SSE_HEADERS
 from proxy.intake import Intake, Kind, RateLimited
@@ -100,19 +105,10 @@ def _error_headers(exc: OpenAIError) -> list[tuple[bytes, bytes]]:
     return []
 
 
-def _too_large(max_bytes: int) -> OpenAIError:
-    return OpenAIError(f"The request body is larger than {max_bytes} bytes", status=413,
-                       code="request_too_large")
-
-
 async def read_body(receive: Receive, declared: str | None, max_bytes: int) -> bytes:
     """The request body, refusing (413) more than ``max_bytes`` before reading it all
     (the rules of ``engine.serving.errors.read_body_bytes``, on raw ASGI)."""
-    if declared is not None:
-        if not declared.isdigit():
-            raise OpenAIError("Invalid Content-Length header", code="invalid_header")
-        if int(declared) > max_bytes:
-            raise _too_large(max_bytes)
+    check_declared_length(declared, max_bytes)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -122,7 +118,7 @@ async def read_body(receive: Receive, declared: str | None, max_bytes: int) -> b
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
-            raise _too_large(max_bytes)
+            raise body_too_large(max_bytes)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

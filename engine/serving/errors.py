@@ -162,20 +162,25 @@ def _reject_lone_surrogates(data: object) -> None:
             stack.extend(item)
 
 
-async def read_body_bytes(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
-    """The raw body, refusing (413) more than ``max_bytes`` before reading it all."""
-    declared = request.headers.get("content-length")
+def check_declared_length(declared: str | None, max_bytes: int) -> None:
+    """Refuse a malformed Content-Length (400) or one over ``max_bytes`` (413) before
+    any of the body is read."""
     if declared is not None:
         if not declared.isdigit():
             raise OpenAIError("Invalid Content-Length header", code="invalid_header")
         if int(declared) > max_bytes:
-            raise _too_large(max_bytes)
+            raise body_too_large(max_bytes)
+
+
+async def read_body_bytes(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
+    """The raw body, refusing (413) more than ``max_bytes`` before reading it all."""
+    check_declared_length(request.headers.get("content-length"), max_bytes)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise _too_large(max_bytes)
+            raise body_too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -187,7 +192,8 @@ async def read_json_body(
     return decode_json_body(await read_body_bytes(request, max_bytes))
 
 
-def _too_large(max_bytes: int) -> OpenAIError:
+def body_too_large(max_bytes: int) -> OpenAIError:
+    """The 413 for a body over ``max_bytes``."""
     return OpenAIError(
         f"The request body is larger than {max_bytes} bytes",
         status=413,
