@@ -54,6 +54,7 @@ def serve_gateway(
     from proxy.semantic.routes import build_cache_router
     from proxy.semantic.service import SemanticConfig
     from proxy.semantic_bridge import SemanticCacheAdapter
+    from proxy.server import server_config
     from proxy.settings import load_settings
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
@@ -69,7 +70,8 @@ def serve_gateway(
         semantic=SemanticCacheAdapter(cache), resources=[cache],
         extra_routers=[build_cache_router(cache, get_key)],
     )  # fmt: skip
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    # served as `kvtoll serve` serves the gateway (proxy.server.server_config)
+    uvicorn.Server(server_config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 
 def body(text: str) -> dict[str, Any]:
