@@ -139,6 +139,11 @@ class TorchAttentionBackend:
         ctx = cls._rows(cache, block_ids)[:length].view(length, hkv, d)
         return ctx.transpose(0, 1).contiguous()
 
+    @classmethod
+    def _group_kv(cls, cache: torch.Tensor, g: _DecodeGroup) -> torch.Tensor:
+        """The group's contexts gathered as one contiguous ``[B, W, Hkv, D]`` tensor."""
+        return cls._rows(cache, g.block_ids).view(g.size, g.width, *cache.shape[2:])
+
     def _decode(
         self,
         q: torch.Tensor,
@@ -159,8 +164,8 @@ class TorchAttentionBackend:
         """
         _, _, hkv, d = k_cache.shape
         b, h = g.size, q.shape[1]
-        k = self._rows(k_cache, g.block_ids).view(b, g.width, hkv * d).to(q.dtype)
-        v = self._rows(v_cache, g.block_ids).view(b, g.width, hkv * d).to(q.dtype)
+        k = self._group_kv(k_cache, g).flatten(2).to(q.dtype)  # [B, W, Hkv*D]
+        v = self._group_kv(v_cache, g).flatten(2).to(q.dtype)
         qb = q.index_select(0, g.q_idx).view(b, hkv, 1, h // hkv, d)
         eye = torch.eye(hkv, dtype=q.dtype, device=q.device).view(1, hkv, hkv, 1, 1)
         q_diag = (qb * eye).transpose(2, 3).reshape(b, h, hkv * d)  # [B, H, Hkv*D]
@@ -187,13 +192,12 @@ class TorchAttentionBackend:
         than the block-diagonal matmuls (more so at long contexts); in bfloat16 it was
         ~10x slower, so bfloat16 keeps :meth:`_decode`.
         """
-        _, _, hkv, d = k_cache.shape
-        b, h = g.size, q.shape[1]
-        k = self._rows(k_cache, g.block_ids).view(b, g.width, hkv, d).transpose(1, 2)
-        v = self._rows(v_cache, g.block_ids).view(b, g.width, hkv, d).transpose(1, 2)
+        b, h, d = g.size, q.shape[1], q.shape[2]
+        k = self._group_kv(k_cache, g).transpose(1, 2)  # [B, Hkv, W, D] view
+        v = self._group_kv(v_cache, g).transpose(1, 2)
         qb = q.index_select(0, g.q_idx).view(b, h, 1, d)
         o = torch.nn.functional.scaled_dot_product_attention(
-            qb, k, v, attn_mask=g.keep, scale=scale, enable_gqa=hkv != h
+            qb, k, v, attn_mask=g.keep, scale=scale, enable_gqa=k.shape[1] != h
         )
         out.index_copy_(0, g.q_idx, o.view(b, h, d))
 
