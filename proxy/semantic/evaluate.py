@@ -24,6 +24,7 @@ import numpy as np
 
 from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.keys import CacheKey
+from proxy.semantic.pair_metrics import forced_queries, precision_views
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
 from proxy.semantic.store import EntryId, InMemoryStore, StoreConfig
@@ -166,6 +167,7 @@ async def run_pair_bench(
         if qqp_split(pairs[i].text_a, pairs[i].text_b) == "heldout"
     ]  # fmt: skip
     timings = [r.timing for r in results]
+    limit = threshold if threshold is not None else verifier.default_threshold
     return {
         "pairs": len(pairs),
         "queries": len(queries),
@@ -182,6 +184,8 @@ async def run_pair_bench(
             sum(label for _, label in heldout),
             max(1, len(heldout)),
         ),
+        "precision_views": _views(pairs, queries, outcomes),
+        "hard_cases_heldout": hard_case_report(embedder, verifier, limit),
         "verifier_rejections": cache.stats.rejections,
         "latency_ms": {
             "embed": _pct([t.embed_ms for t in timings]),
@@ -191,6 +195,44 @@ async def run_pair_bench(
         },
         "peer_gptcache_similarity_0.8": _peer(embedder, pairs, queries),
     }
+
+
+def _views(pairs: list[Pair], queries: list[int], outcomes: list[str]) -> dict[str, Any]:
+    """Strict / excluding forced exact repeats / own-pair precision, all and held-out."""
+    forced = forced_queries(pairs, queries)
+    out: dict[str, Any] = {}
+    for name, keep in (
+        ("all", lambda i: True),
+        ("qqp_heldout", lambda i: qqp_split(pairs[i].text_a, pairs[i].text_b) == "heldout"),
+    ):
+        rows = [(i, o) for i, o in zip(queries, outcomes, strict=True) if keep(i)]
+        out[name] = precision_views(
+            [o for _, o in rows], [pairs[i].label for i, _ in rows], [i in forced for i, _ in rows]
+        )
+    return out
+
+
+def hard_case_report(
+    embedder: SentenceTransformerEmbedder, verifier: LogisticVerifier, threshold: float
+) -> dict[str, Any]:
+    """The verifier's decision on each hand-written hard case held out of training
+    (``split == heldout`` in ``data/hard_cases.jsonl``): query ``text_b`` against the
+    cached ``text_a`` at their embedding similarity; right when accept == label."""
+    from importlib import resources
+
+    text = resources.files("proxy.semantic.data").joinpath("hard_cases.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == "heldout"]
+    va = embedder.embed([r["text_a"] for r in rows])
+    vb = embedder.embed([r["text_b"] for r in rows])
+    per_kind: dict[str, dict[str, int]] = {}
+    for r, x, y in zip(rows, va, vb, strict=True):
+        accept = verifier.score(r["text_b"], r["text_a"], float(x @ y)) >= threshold
+        tally = per_kind.setdefault(r["kind"], {"correct": 0, "total": 0})
+        tally["correct"] += int(accept == bool(r["label"]))
+        tally["total"] += 1
+    total = {k: sum(t[k] for t in per_kind.values()) for k in ("correct", "total")}
+    return {"total": total, "per_kind": dict(sorted(per_kind.items()))}
 
 
 def rule_ceiling(pairs: Sequence[Pair], queries: Sequence[int]) -> dict[str, Any]:
@@ -203,10 +245,7 @@ def rule_ceiling(pairs: Sequence[Pair], queries: Sequence[int]) -> dict[str, Any
     serves every other positive and nothing else reaches only
     ``achievable / (achievable + forced)``.
     """
-    stored = {p.text_a for p in pairs}
-    forced = [
-        i for i in queries if pairs[i].text_b in stored and pairs[i].text_b != pairs[i].text_a
-    ]
+    forced = forced_queries(pairs, queries)
     positives = sum(pairs[i].label for i in queries)
     achievable = positives - sum(pairs[i].label for i in forced)
     denominator = achievable + len(forced)

@@ -44,6 +44,11 @@ def test_reports_precision_recall_and_stage_latencies(tmp_path: Path) -> None:
     for stage in ("embed", "search", "verify", "total"):
         assert set(report["latency_ms"][stage]) == {"p50", "p99"}
     assert report["peer_gptcache_similarity_0.8"]["hits"] >= 2
+    views = report["precision_views"]["all"]
+    assert views["strict"]["precision"] == 1.0 and views["own_pair"]["own_pair_hits"] == 2
+    assert views["excluding_forced"]["queries"] == 4
+    hard = report["hard_cases_heldout"]
+    assert hard["total"]["total"] == sum(k["total"] for k in hard["per_kind"].values()) > 0
 
 
 @pytest.mark.parametrize(

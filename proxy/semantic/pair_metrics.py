@@ -1,0 +1,76 @@
+"""Precision and recall of a pair benchmark, under the own-pair rule and two views of it.
+
+Each query (a pair's ``text_b``) ends in one outcome: ``miss``, ``correct`` (its own
+pair's entry, label 1), ``own_label_0`` (its own pair's entry, label 0) or
+``other_entry`` (some other pair's entry). Three precisions are reported:
+
+* ``strict``: correct / hits (the issue's rule).
+* ``excluding_forced``: the same over the queries that are *not* character for
+  character another pair's stored prompt. Any cache serves such a query its identical
+  stored prompt, and the rule counts that false (see :func:`forced_queries`).
+* ``own_pair``: correct / (correct + own_label_0): of the hits that returned the
+  query's own pair, the share whose label says it is a duplicate. This is what the
+  verifier's decision alone is responsible for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+OUTCOMES = ("miss", "correct", "own_label_0", "other_entry")
+
+
+class LabelledPair(Protocol):
+    @property
+    def text_a(self) -> str: ...
+
+    @property
+    def text_b(self) -> str: ...
+
+    @property
+    def label(self) -> int: ...
+
+
+def forced_queries(pairs: Sequence[LabelledPair], queries: Sequence[int]) -> set[int]:
+    """Queries whose text is another pair's stored ``text_a`` (and not their own)."""
+    stored = {p.text_a for p in pairs}
+    return {i for i in queries if pairs[i].text_b in stored and pairs[i].text_b != pairs[i].text_a}
+
+
+def summary(outcomes: Sequence[str], labels: Sequence[int]) -> dict[str, Any]:
+    """Counts, precision, recall and hit rate of one set of queries."""
+    if len(outcomes) != len(labels):
+        raise ValueError("one label per outcome")
+    hits = sum(1 for o in outcomes if o != "miss")
+    correct = sum(1 for o in outcomes if o == "correct")
+    positives = sum(labels)
+    return {
+        "precision": round(correct / hits, 4) if hits else None,
+        "recall": round(correct / positives, 4) if positives else None,
+        "hit_rate": round(hits / len(outcomes), 4) if outcomes else None,
+        "hits": hits,
+        "correct_hits": correct,
+        "false_hits": hits - correct,
+    }
+
+
+def precision_views(
+    outcomes: Sequence[str], labels: Sequence[int], forced: Sequence[bool]
+) -> dict[str, Any]:
+    """``strict``, ``excluding_forced`` and ``own_pair`` figures (module docstring)."""
+    keep = [i for i, f in enumerate(forced) if not f]
+    correct = sum(1 for o in outcomes if o == "correct")
+    own = correct + sum(1 for o in outcomes if o == "own_label_0")
+    return {
+        "strict": summary(outcomes, labels),
+        "excluding_forced": {
+            "queries": len(keep),
+            **summary([outcomes[i] for i in keep], [labels[i] for i in keep]),
+        },
+        "own_pair": {
+            "precision": round(correct / own, 4) if own else None,
+            "own_pair_hits": own,
+            "own_pair_label_0": own - correct,
+        },
+    }
