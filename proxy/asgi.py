@@ -41,7 +41,7 @@ from engine.serving.errors import (
 )
 from engine.serving.responses import ResponseMeta
 from engine.serving.sse import SSE_HEADERS
-from proxy.intake import Intake, Kind, RateLimited
+from proxy.intake import Intake, Kind, Prepared, RateLimited
 from proxy.render import sse_frames, whole_response
 from proxy.service import Gateway, Reply
 from proxy.upstream.base import UpstreamError
@@ -174,6 +174,13 @@ class CompletionEndpoints:
 
         prep = await self._intake.prepare(kind, identity, body, cache_control)
         reply = await self._gateway.open(prep, endpoint)
+        try:
+            await self._respond(kind, prep, reply, receive, send)
+        finally:
+            await reply.aclose()  # a reply never read still gets its ledger row
+
+    async def _respond(self, kind: Kind, prep: Prepared, reply: Reply, receive: Receive,
+                       send: Send) -> None:
         meta = response_meta(kind, prep.request_id, prep.model)
         if prep.request.stream:
             frames = sse_frames(kind, meta, reply.items, prep.request.include_usage())

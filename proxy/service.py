@@ -14,7 +14,11 @@
 
 Retries happen only while opening (nothing has reached the client). Exactly one
 ledger row is written per admitted request, from the relay's ``finally`` (shielded
-from cancellation), before the usage item is passed on; a semantic answer that
+from cancellation), before the usage item is passed on. A request cancelled before
+its relay ran (while waiting for the upstream's first item, or after it but before
+the response started: an async generator that never started runs no ``finally``)
+gets its row from :meth:`Reply.aclose` or from :meth:`Gateway.open` itself, status
+``client_disconnect`` with what the upstream had produced; a semantic answer that
 completed with ``stop`` everywhere is offered to the cache afterwards in the
 background. Services never import FastAPI; the routes render what this yields.
 """
@@ -24,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import anyio
 
@@ -61,9 +66,14 @@ log = logging.getLogger(__name__)
 MAX_CACHED_SALTS = 100_000
 
 
+async def _nothing() -> None:
+    return None
+
+
 @dataclass
 class Reply:
-    """A response in flight: iterate ``items`` exactly once (or ``aclose`` it)."""
+    """A response in flight: iterate ``items`` at most once, then :meth:`aclose` it
+    (always, also when ``items`` was never started)."""
 
     request_id: str
     worker: str | None
@@ -72,6 +82,13 @@ class Reply:
     items: AsyncGenerator[Item, None]
     tally: Tally
     similarity: float | None = None
+    abandon: Callable[[], Awaitable[None]] = _nothing
+
+    async def aclose(self) -> None:
+        """Close ``items``; if they were never read, close the upstream and write the
+        request's ledger row here (``client_disconnect``, shielded from cancellation)."""
+        await self.items.aclose()
+        await self.abandon()
 
     def cache_header(self) -> str:
         """``x-kvtoll-cache``: semantic | prefix | bypass | miss (prefix: the usage, or the
@@ -94,6 +111,7 @@ class _Flight:
     hit: SemanticHit | None = None
     query: SemanticQuery | None = None
     metered: bool = field(default=False)
+    relayed: bool = field(default=False)  # the relay started: its finally meters
 
 
 class UpstreamUnavailable(OpenAIError):
@@ -157,9 +175,10 @@ class Gateway:
     ) -> Reply:
         flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.SEMANTIC, hit=hit,
                          query=query)
-        items = self._relay(flight, _aiter(hit_items(hit, prep.prompt.num_tokens)))
+        source = _aiter(hit_items(hit, prep.prompt.num_tokens))
+        items = self._relay(flight, source)
         return Reply(prep.request_id, None, True, prep.no_cache, items, flight.tally,
-                     similarity=hit.similarity)
+                     similarity=hit.similarity, abandon=partial(self._abandon, flight, source))
 
     async def _upstream_reply(
         self, prep: Prepared, endpoint: str, query: SemanticQuery | None
@@ -173,20 +192,23 @@ class Gateway:
                          upstream_request=request, query=query)
         timer = StepTimer()
         try:
-            upstream, first, stream = await self._connect(request, timer)
+            upstream, first, stream = await self._connect(flight, request, timer)
         except UpstreamRejected as exc:
             timer.close()
             raise OpenAIError(str(exc), status=exc.status, param=exc.param,
                               code="upstream_rejected") from exc
-        except UpstreamUnavailable:
+        except BaseException as exc:  # no upstream, cancelled while waiting, or a bug
             timer.close()
+            status = (RequestStatus.CLIENT_DISCONNECT if isinstance(exc, asyncio.CancelledError)
+                      else RequestStatus.UPSTREAM_ERROR)
             with anyio.CancelScope(shield=True):
-                await self._finish(flight, RequestStatus.UPSTREAM_ERROR)
+                await self._finish(flight, status)
             raise
         flight.upstream = upstream
         flight.tally.note_prompt(first)  # the prompt counts, before the headers are sent
         items = self._relay(flight, stream, first=first, timer=timer)
-        return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally)
+        return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally,
+                     abandon=partial(self._abandon, flight, stream, first, timer))
 
     async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
         candidates = self._pool.candidates()
@@ -195,15 +217,22 @@ class Gateway:
         return candidates
 
     async def _connect(
-        self, request: UpstreamRequest, timer: StepTimer
+        self, flight: _Flight, request: UpstreamRequest, timer: StepTimer
     ) -> tuple[Upstream, Item, AsyncIterator[Item]]:
-        """The first upstream that produces a first item, that item and the rest."""
+        """The first upstream that produces a first item, that item and the rest. If
+        cancelled while an upstream works on it, that upstream's stream is closed and
+        ``flight.upstream`` names it (so its router slot is released with the row)."""
         problems: list[str] = []
         for upstream in await self._candidates(request):
             stream = upstream.stream(request)
             try:
                 with timer(self._config.upstream_first_byte_timeout_s):
                     first = await anext(stream)
+            except asyncio.CancelledError:
+                flight.upstream = upstream
+                with anyio.CancelScope(shield=True):
+                    await _close(stream)
+                raise
             except UpstreamRejected:
                 await _close(stream)
                 raise
@@ -228,6 +257,7 @@ class Gateway:
         the ledger row is written when the usage item passes, else when the stream
         ends or is closed. With ``timer``, waiting longer than the idle timeout for an
         item is an :class:`UpstreamError` ("upstream stalled")."""
+        flight.relayed = True
         status = RequestStatus.CLIENT_DISCONNECT
         ended = False
         item = first
@@ -265,6 +295,21 @@ class Gateway:
                     await _close(source)
                     if not flight.metered:
                         await self._finish(flight, status)
+
+    async def _abandon(self, flight: _Flight, source: AsyncIterator[Item],
+                       first: Item | None = None, timer: StepTimer | None = None) -> None:
+        """The reply was closed before its relay started: close the upstream and bill
+        what it produced (``first``) as a client disconnect."""
+        if flight.relayed or flight.metered:
+            return
+        flight.relayed = True
+        if timer is not None:
+            timer.close()
+        if first is not None:
+            flight.tally.add(first)
+        with anyio.CancelScope(shield=True):
+            await _close(source)
+            await self._finish(flight, RequestStatus.CLIENT_DISCONNECT)
 
     async def _finish(self, flight: _Flight, status: RequestStatus) -> None:
         """Write the request's one ledger row and update metrics, hooks and caches."""

@@ -1,18 +1,25 @@
 """``kill -9`` of the gateway loses no committed usage; a client that disconnects
-mid-stream gets exactly one ledger row with the tokens generated so far."""
+mid-stream gets exactly one ledger row with the tokens generated so far; so does a
+request cancelled while its upstream works on it, or after the upstream answered but
+before the response started."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus
@@ -121,3 +128,115 @@ def test_client_disconnect_mid_stream(
     assert row.status is RequestStatus.CLIENT_DISCONNECT
     assert 5 <= row.completion_tokens < 200
     assert row.prompt_tokens > 0 and row.billed_pico > 0
+
+
+class _Waits(ScriptedUpstream):
+    """Takes the request and never answers; ``called`` is set once it has it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = asyncio.Event()
+
+    async def _stream(self, request: Any) -> AsyncIterator[Any]:
+        self.seen.append(request)
+        self.called.set()
+        try:
+            await asyncio.Event().wait()
+            yield  # never reached
+        finally:
+            self.aborted.append(request.request_id)
+
+
+def _scope(key: str, raw: bytes) -> dict[str, Any]:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+            "headers": [(b"authorization", f"Bearer {key}".encode()),
+                        (b"content-length", str(len(raw)).encode())],
+            "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000)}
+
+
+async def _gone_while_the_head_waits(app: FastAPI, key: str,
+                                     body: dict[str, Any]) -> list[dict[str, Any]]:
+    """One request through ``app``'s ASGI interface whose response head cannot be
+    written (the socket's buffer is full) and whose client then disconnects; returns
+    the messages the server tried to send."""
+    raw = json.dumps(body).encode()
+    messages = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+    head_waiting = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await head_waiting.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        head_waiting.set()
+        await asyncio.Event().wait()  # never written
+
+    await app(_scope(key, raw), receive, send)
+    return sent
+
+
+async def _cancelled_request(app: FastAPI, key: str, body: dict[str, Any],
+                             until: asyncio.Event) -> list[dict[str, Any]]:
+    """One request through ``app``'s ASGI interface, its task cancelled once ``until``
+    is set (a server that cancels on disconnect or shutdown); returns what was sent."""
+    raw = json.dumps(body).encode()
+    messages = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    task = asyncio.ensure_future(app(_scope(key, raw), receive, send))
+    await until.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return sent
+
+
+def test_gone_after_the_upstream_answered_before_the_response_started(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    upstream = ScriptedUpstream(num_words=5)
+    app = build_app(settings, db, upstreams=[upstream])
+    body = {**BODY, "stream": True}
+    with TestClient(app):  # lifespan: the outbox drainer runs
+        sent = asyncio.run(_gone_while_the_head_waits(app, tenants.key_a, body))
+        [row] = settled_rows(db, 1)
+    assert [m["type"] for m in sent] == ["http.response.start"]  # and never written
+    assert row.request_id == upstream.seen[0].request_id
+    assert row.status is RequestStatus.CLIENT_DISCONNECT
+    assert row.completion_tokens == 1  # the one delta the upstream had produced
+    assert row.prompt_tokens > 0 and row.billed_pico > 0
+    assert upstream.aborted == [row.request_id]  # the upstream's work was stopped
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_cancelled_while_waiting_for_the_upstream(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants, stream: bool
+) -> None:
+    async def run() -> list[dict[str, Any]]:
+        upstream = _Waits()
+        app = build_app(settings, db, upstreams=[upstream])
+        with TestClient(app):
+            sent = await _cancelled_request(app, tenants.key_a, {**BODY, "stream": stream},
+                                            until=upstream.called)
+            assert upstream.aborted == [upstream.seen[0].request_id]
+            return sent
+
+    assert asyncio.run(run()) == []
+    [row] = settled_rows(db, 1)
+    assert row.status is RequestStatus.CLIENT_DISCONNECT
+    assert (row.prompt_tokens, row.completion_tokens) == (0, 0)
