@@ -128,7 +128,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
 
 
 def make_backend(name: str, device: str) -> AttentionBackend:
-    """The attention backend for ``name`` (``auto``/``torch``/``triton``) on ``device``."""
+    """The attention backend for ``name`` (``auto``/``torch``/``cpu``/``triton``) on ``device``."""
     if name == "torch":
         return TorchAttentionBackend()
     from engine.attention.selector import select_attention_backend

@@ -1,5 +1,6 @@
 """Which attention backend runs: ``auto`` = Triton on CUDA (when Triton is installed),
-torch elsewhere; ``torch`` and ``triton`` force one. Triton on a CPU device is allowed
+the CPU kernel backend on CPU (torch with decode in a numba kernel), torch elsewhere;
+``torch``, ``cpu`` and ``triton`` force one. Triton on a CPU device is allowed
 only under the Triton interpreter (``TRITON_INTERPRET=1``), which tests use.
 """
 
@@ -12,7 +13,7 @@ import torch
 
 from engine.attention.base import AttentionBackend
 
-BACKEND_NAMES = ("auto", "torch", "triton")
+BACKEND_NAMES = ("auto", "torch", "cpu", "triton")
 
 
 def triton_available() -> bool:
@@ -25,12 +26,17 @@ def _interpreting() -> bool:
 
 
 def resolve_backend_name(name: str, device: torch.device | str) -> str:
-    """``torch`` or ``triton`` for a setting value and a device; ValueError if impossible."""
+    """``torch``, ``cpu`` or ``triton`` for a setting value and a device; ValueError if
+    impossible."""
     dev = torch.device(device)
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
-        return "triton" if dev.type == "cuda" and triton_available() else "torch"
+        if dev.type == "cuda" and triton_available():
+            return "triton"
+        return "cpu" if dev.type == "cpu" else "torch"
+    if name == "cpu" and dev.type != "cpu":
+        raise ValueError(f"attention backend 'cpu' needs the CPU device (got {dev.type})")
     if name == "triton":
         if not triton_available():
             raise ValueError("attention backend 'triton' needs the triton package")
@@ -43,9 +49,14 @@ def resolve_backend_name(name: str, device: torch.device | str) -> str:
 
 
 def select_attention_backend(name: str, device: torch.device | str) -> AttentionBackend:
-    """The backend for a setting value (``auto``/``torch``/``triton``) on ``device``."""
+    """The backend for a setting value (``auto``/``torch``/``cpu``/``triton``) on ``device``."""
     dev = torch.device(device)
-    if resolve_backend_name(name, dev) == "triton":
+    resolved = resolve_backend_name(name, dev)
+    if resolved == "cpu":
+        from engine.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend()
+    if resolved == "triton":
         from engine.attention.triton_backend import TritonAttentionBackend, kernels_run_on_cpu
 
         if dev.type != "cuda" and not kernels_run_on_cpu():

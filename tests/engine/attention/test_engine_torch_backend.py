@@ -1,4 +1,5 @@
-"""The torch paged backend against dense causal attention on contiguous K/V."""
+"""The torch paged backend (and the CPU backend built on it) against dense causal
+attention on contiguous K/V."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 
 H, HKV, D, BS = 4, 2, 8, 4
@@ -24,14 +26,17 @@ def _dense(
 
 
 # decode: a group per length / one group; prefill: 3-row query tiles / one tile.
-# float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls.
+# torch: float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls;
+# float32 prefill through SDPA (with a shifted mask over a cached prefix), bfloat16 in
+# tiles. cpu: float32 decodes in the numba kernel, the rest as torch.
+@pytest.mark.parametrize("backend_type", [TorchAttentionBackend, CpuAttentionBackend])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group_cost", "tile"), [(0, 3), (64, 128)])
 def test_mixed_prefill_chunks_and_decodes_match_dense(
-    group_cost: int, tile: int, dtype: torch.dtype
+    group_cost: int, tile: int, dtype: torch.dtype, backend_type: type[TorchAttentionBackend]
 ) -> None:
     gen = torch.Generator().manual_seed(0)
-    backend = TorchAttentionBackend(group_cost, tile)
+    backend = backend_type(group_cost, tile)
     # (cached tokens, new tokens) per sequence: fresh prefill, chunk over a prefix, decodes
     shapes = [(0, 7), (5, 6), (9, 1), (3, 1), (16, 1), (2, 1)]
     num_blocks = 40

@@ -1,24 +1,31 @@
-"""select_attention_backend: auto / torch / triton per device, and its refusals."""
+"""select_attention_backend: auto / torch / cpu / triton per device, and its refusals."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.selector import resolve_backend_name, select_attention_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend, kernels_run_on_cpu
 
 
-def test_auto_is_torch_on_cpu_and_triton_on_cuda() -> None:
-    assert isinstance(select_attention_backend("auto", "cpu"), TorchAttentionBackend)
+def test_auto_is_the_cpu_kernels_on_cpu_and_triton_on_cuda() -> None:
+    backend = select_attention_backend("auto", "cpu")
+    assert isinstance(backend, CpuAttentionBackend) and backend.name == "cpu"
     assert resolve_backend_name("auto", torch.device("cuda")) == "triton"
     assert isinstance(select_attention_backend("auto", "cuda"), TritonAttentionBackend)
 
 
 def test_torch_can_be_forced_anywhere() -> None:
     assert isinstance(select_attention_backend("torch", "cuda"), TorchAttentionBackend)
-    assert select_attention_backend("torch", "cpu").name == "torch"
+    assert type(select_attention_backend("torch", "cpu")) is TorchAttentionBackend
+
+
+def test_cpu_backend_is_refused_on_cuda() -> None:
+    with pytest.raises(ValueError, match="needs the CPU device"):
+        select_attention_backend("cpu", "cuda")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter path")
@@ -35,5 +42,5 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.Mo
 
 
 def test_unknown_name_is_refused() -> None:
-    with pytest.raises(ValueError, match="auto, torch, triton"):
+    with pytest.raises(ValueError, match="auto, torch, cpu, triton"):
         select_attention_backend("flash", "cpu")

@@ -1,0 +1,63 @@
+"""Paged attention for CPU engines: decode rows through the numba kernel of
+:mod:`engine.kernels.cpu_decode_attention` (K/V read from the block pool in place),
+everything else as in :class:`engine.attention.torch_backend.TorchAttentionBackend`
+(KV write, prefill chunks; and decode too when the cache is not float32, which the
+kernel does not handle).
+
+The torch path copies every decode row's context out of the pool at every layer and
+step before attending to it; on a 64-request batch that copy and the attention after
+it were ~45% of a decode step (profile of bench/engine_throughput.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.base import AttentionMetadata
+from engine.attention.decode_groups import DEFAULT_GROUP_COST
+from engine.attention.torch_backend import PREFILL_TILE, TorchAttentionBackend
+from engine.kernels.cpu_decode_attention import CpuDecodeKernels, cpu_paged_decode_attention
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    """The torch backend with decode attention in the CPU paged kernel (float32)."""
+
+    name = "cpu"
+
+    def __init__(
+        self, group_cost: int = DEFAULT_GROUP_COST, prefill_tile: int = PREFILL_TILE
+    ) -> None:
+        """Arguments as for the torch backend (they govern its bfloat16 decode and
+        non-float32 prefill)."""
+        super().__init__(group_cost, prefill_tile)
+        self._kernels = CpuDecodeKernels()
+        # This step's decode rows (q rows, sequence ids), built at the first layer and
+        # reused by the others (same metadata object).
+        self._step_rows: tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None = None
+
+    def _decode_rows(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        qsl: list[int],
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        if k_cache.dtype != torch.float32 or q.dtype != torch.float32:
+            super()._decode_rows(q, k_cache, v_cache, meta, qsl, scale, out)
+            return
+        if self._step_rows is None or self._step_rows[0] is not meta:
+            decodes = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+            self._step_rows = (
+                meta,
+                torch.tensor([qsl[i] for i in decodes], dtype=torch.int64),
+                torch.tensor(decodes, dtype=torch.int64),
+            )
+        _, q_rows, seq_ids = self._step_rows
+        if q_rows.numel():
+            cpu_paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
+                q_rows=q_rows, seq_ids=seq_ids, out=out, kernels=self._kernels,
+            )

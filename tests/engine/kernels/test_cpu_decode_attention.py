@@ -1,0 +1,118 @@
+"""The numba CPU paged decode kernel vs the pure-torch reference, and its refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from engine.kernels.cpu_decode_attention import CpuDecodeKernels, cpu_paged_decode_attention
+from engine.kernels.reference import reference_paged_decode
+from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
+
+# seq_lens (1 and non-multiples of the block size included), heads, kv heads, head_dim,
+# block size. Group sizes 1-4 and head_dims 8-128 (each pair is compiled once).
+CASES = [
+    ([1], 4, 4, 64, 8),
+    ([1, 19, 40], 6, 2, 64, 16),
+    ([33, 8, 1], 4, 2, 16, 16),  # the tiny test model's shape
+    ([5, 16, 17, 64], 6, 2, 8, 4),
+    ([70, 3, 129], 9, 3, 64, 16),  # SmolLM2-135M's shape
+    ([100, 1], 8, 2, 128, 32),
+    ([2048, 31], 9, 3, 64, 16),  # long context
+]
+
+
+@pytest.fixture(scope="module")
+def kernels() -> CpuDecodeKernels:
+    return CpuDecodeKernels()
+
+
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", CASES)
+def test_decode_matches_reference(
+    kernels: CpuDecodeKernels,
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    batch = build_paged_batch(
+        [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+        torch.float32, "cpu",
+    )  # fmt: skip
+    scale = head_dim**-0.5
+    out = cpu_paged_decode_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale,
+        kernels=kernels,
+    )  # fmt: skip
+    ref = reference_paged_decode(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale
+    )
+    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+
+
+def test_only_the_chosen_rows_are_written(kernels: CpuDecodeKernels) -> None:
+    """Decode rows mixed with prefill rows: q_rows pick them, seq_ids their sequences."""
+    batch = build_paged_batch([1, 1, 1], [12, 30, 7], 6, 2, 64, 8, torch.float32, "cpu", seed=2)
+    q = torch.randn(10, 6, 64, generator=torch.Generator().manual_seed(5))
+    q[[7, 2]] = batch.q[[0, 2]]  # rows 7 and 2 are the decodes of sequences 0 and 2
+    out = torch.full_like(q, 123.0)
+    cpu_paged_decode_attention(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125,
+        kernels=kernels, q_rows=torch.tensor([7, 2]), seq_ids=torch.tensor([0, 2]), out=out,
+    )  # fmt: skip
+    ref = reference_paged_decode(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125
+    )
+    torch.testing.assert_close(out[[7, 2]], ref[[0, 2]], **TOLERANCES[torch.float32])
+    untouched = [i for i in range(10) if i not in (7, 2)]
+    assert bool((out[untouched] == 123.0).all())
+
+
+def test_threads_do_not_change_the_result(kernels: CpuDecodeKernels) -> None:
+    batch = build_paged_batch([1] * 5, [61, 30, 1, 17, 200], 9, 3, 64, 16, torch.float32, "cpu")
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125)
+    one = cpu_paged_decode_attention(*args, kernels=kernels, num_threads=1)
+    two = cpu_paged_decode_attention(*args, kernels=kernels, num_threads=2)
+    torch.testing.assert_close(one, two, atol=0, rtol=0)
+
+
+Args = tuple[torch.Tensor, ...]
+
+
+def _batch() -> Args:
+    b = build_paged_batch([1, 1], [9, 20], 4, 2, 16, 8, torch.float32, "cpu")
+    return b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: (a[0].double(), *a[1:]), "q: need a contiguous float32"),
+        (lambda a: (a[0], a[1].to(torch.bfloat16), *a[2:]), "k_cache: need a contiguous"),
+        (lambda a: (a[0].transpose(0, 1).contiguous().transpose(0, 1), *a[1:]), "q: need"),
+        (lambda a: (a[0][:, :3].contiguous(), *a[1:]), "query heads over"),
+        (lambda a: (*a[:3], a[3].long(), a[4]), "block_tables: need"),
+        (lambda a: (*a[:3], a[3].clone().fill_(10_000), a[4]), "block ids outside the cache"),
+        (lambda a: (*a[:4], torch.tensor([9, 0], dtype=torch.int32)), "seq_lens must be"),
+        (lambda a: (*a[:4], torch.tensor([9, 999], dtype=torch.int32)), "seq_lens must be"),
+    ],
+)
+def test_bad_arguments_are_refused(
+    kernels: CpuDecodeKernels, change: Callable[[Args], Args], message: str
+) -> None:
+    args = change(_batch())
+    with pytest.raises(ValueError, match=message):
+        cpu_paged_decode_attention(*args, 0.25, kernels=kernels)
+
+
+def test_out_of_range_rows_are_refused(kernels: CpuDecodeKernels) -> None:
+    q, k, v, tables, lens = _batch()
+    with pytest.raises(ValueError, match="q_rows out of range"):
+        cpu_paged_decode_attention(q, k, v, tables, lens, 0.25, kernels=kernels,
+                                   q_rows=torch.tensor([0, 2]), seq_ids=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="seq_ids out of range"):
+        cpu_paged_decode_attention(q, k, v, tables, lens, 0.25, kernels=kernels,
+                                   q_rows=torch.tensor([0, 1]), seq_ids=torch.tensor([0, 2]))
