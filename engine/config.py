@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from engine.dtype_choice import resolve_dtype
 
 TINY_MODEL = "kvtoll-tiny"
-DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware has it natively
+DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware has bf16 matrix units
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_n: int = 8
     max_logprobs: int = 20
-    attention_backend: str = "auto"  # auto | torch | triton (engine.attention.selector)
+    attention_backend: str = "auto"  # auto | torch | cpu | triton (engine.attention.selector)
     served_model_name: str | None = None
     seed: int = 0  # tiny model weight init
     num_threads: int | None = None  # torch intra-op threads; None = torch default

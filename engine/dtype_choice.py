@@ -1,12 +1,17 @@
 """Which floating-point dtype runs the model fastest on this machine.
 
 bfloat16 halves weight and KV memory traffic, but it is only faster where the
-hardware computes in it natively. Measured with bench/engine_throughput.py
---dtypes: on a CPU with AVX512-BF16 bfloat16 ran ~1.8x faster than float32; on
-an AVX2-only CPU (no bf16 instructions) oneDNN emulates it and bfloat16 matmuls
-ran 5-30x slower than float32. ``auto`` therefore picks bfloat16 on CUDA devices
-that support it and on CPUs that advertise native bf16 (x86 ``avx512_bf16`` or
-``amx_bf16``, Arm ``bf16``), float32 everywhere else.
+hardware multiplies bf16 matrices natively. Measured with bench/engine_throughput.py
+--dtypes and torch matmuls at the model's shapes:
+
+* a Xeon with AMX (``amx_bf16``): bfloat16 ~1.8x faster than float32;
+* an Emerald Rapids VM with ``avx512_bf16`` but AMX not exposed: bf16 dot-product
+  instructions only, and bfloat16 matmuls ran at 0.55-0.75x of float32 (64-512
+  rows), the engine 0.92x (87 vs 95 tokens/s);
+* an AVX2-only CPU: oneDNN emulates bf16, matmuls 5-30x slower than float32.
+
+``auto`` therefore picks bfloat16 on CUDA devices that support it and on CPUs with
+bf16 matrix units (x86 ``amx_bf16``, Arm ``bf16``), float32 everywhere else.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 
 DTYPES = ("float32", "bfloat16")
 AUTO = "auto"
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "bf16"})
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -32,7 +37,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 
 def preferred_dtype(device: str, flags: frozenset[str] | None = None) -> str:
-    """``bfloat16`` where the device computes in it natively, else ``float32``."""
+    """``bfloat16`` where the device has bf16 matrix units, else ``float32``."""
     if device.startswith("cuda"):
         import torch  # only here: the config module stays importable without torch
 

@@ -1,4 +1,4 @@
-"""The ``auto`` dtype: bfloat16 only where the hardware computes in it natively."""
+"""The ``auto`` dtype: bfloat16 only where the hardware has bf16 matrix units."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ ARM = "processor\t: 0\nFeatures\t: fp asimd {extra}\nCPU implementer\t: 0x41\n"
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (X86.format(extra="avx512f avx512_bf16"), "bfloat16"),
-        (X86.format(extra="amx_tile amx_bf16"), "bfloat16"),
+        (X86.format(extra="avx512f avx512_bf16"), "float32"),  # bf16 dot products only
+        (X86.format(extra="avx512_bf16 amx_tile amx_bf16"), "bfloat16"),
         (X86.format(extra="avx512f avx512_vnni"), "float32"),  # AVX-512 without bf16
         (X86.format(extra=""), "float32"),
         (ARM.format(extra="sve bf16"), "bfloat16"),
