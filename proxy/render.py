@@ -1,4 +1,7 @@
-"""Upstream items → OpenAI response objects and SSE frames (via the shared builders)."""
+"""Upstream items → OpenAI response objects and SSE frames (via the shared builders);
+a chat choice's tool calls pass through in OpenAI's shape (streamed: the deltas as
+they came, ``content`` left out of a delta without text; whole: the message's
+``tool_calls`` with ``content`` null when no text came)."""
 
 from __future__ import annotations
 
@@ -38,15 +41,41 @@ def whole_response(kind: Kind, meta: ResponseMeta, tally: Tally) -> dict[str, An
     body = build(meta, tally.choices(), usage_of(tally.usage))
     for choice in body["choices"]:
         choice["logprobs"] = tally.logprobs(choice["index"])
+        if kind == "chat":
+            tool_calls = tally.tool_calls(choice["index"])
+            if tool_calls is not None:
+                message = choice["message"]
+                message["content"] = message["content"] or None
+                message["tool_calls"] = tool_calls
     return body
+
+
+def tool_call_delta(call: dict[str, Any], position: int) -> dict[str, Any]:
+    """One upstream tool call in OpenAI's streamed delta shape: ``index`` (its position
+    when the upstream gave none), ``id``, ``type`` and ``function`` {``name``,
+    ``arguments``} when present, other fields dropped."""
+    out: dict[str, Any] = {"index": int(call.get("index", position))}
+    for name in ("id", "type"):
+        if call.get(name) is not None:
+            out[name] = str(call[name])
+    function = call.get("function")
+    if function is not None:
+        out["function"] = {k: str(function[k]) for k in ("name", "arguments")
+                           if function.get(k) is not None}
+    return out
 
 
 def _delta_frame(kind: Kind, meta: ResponseMeta, delta: UpstreamDelta, first: bool) -> bytes:
     if kind == "chat":
         chunk = chat_chunk(
             meta, delta.index, role="assistant" if first else None,
-            content=delta.text, finish_reason=delta.finish_reason,
+            content=delta.text or None if delta.tool_calls else delta.text,
+            finish_reason=delta.finish_reason,
         )
+        if delta.tool_calls:
+            chunk["choices"][0]["delta"]["tool_calls"] = [
+                tool_call_delta(call, position) for position, call in enumerate(delta.tool_calls)
+            ]
     else:
         chunk = text_chunk(meta, delta.index, delta.text, delta.finish_reason)
     if delta.logprobs:

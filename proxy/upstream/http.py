@@ -15,6 +15,8 @@ Status mapping (the caller's mistake vs the upstream's problem):
   stream -> :class:`UpstreamError`, ``retryable`` while nothing was yielded.
 
 A server that ignores ``stream: true`` and answers one JSON object is read as such.
+Tool calls (``delta.tool_calls``, or a whole message's ``tool_calls``) ride on the
+deltas as sent, once checked (:func:`checked_tool_calls`).
 
 kvtoll workers send the prompt's token count and its prefix-cached part as response
 headers (``x-kvtoll-prompt-tokens``, ``x-kvtoll-cached-tokens``); they ride on the
@@ -305,17 +307,20 @@ class _StreamReader:
 
     def _delta(self, choice: dict[str, Any]) -> UpstreamDelta | None:
         index = int(choice.get("index", 0))
+        tool_calls = None
         if self.kind == "chat":
             delta = choice.get("delta") or {}
-            text, tool_calls = delta.get("content") or "", delta.get("tool_calls")
+            text = delta.get("content") or ""
+            if delta.get("tool_calls"):
+                tool_calls = checked_tool_calls(delta["tool_calls"])
         else:
-            text, tool_calls = choice.get("text") or "", None
+            text = choice.get("text") or ""
         reason, logprobs = choice.get("finish_reason"), choice.get("logprobs")
         if reason is not None:
             self.finished.add(index)
         if not (text or reason or tool_calls or logprobs):
             return None
-        self.num_deltas += bool(text)
+        self.num_deltas += bool(text or tool_calls)
         delta = UpstreamDelta(index, text, reason, logprobs, tool_calls)
         if self.counts is not None:
             delta = replace(delta, prompt_tokens=self.counts[0], cached_tokens=self.counts[1])
@@ -338,6 +343,20 @@ class _StreamReader:
             prompt, method = _approx_prompt_tokens(self.request.body), "chars/4"
         extra = {"estimated": True, "prompt_method": method, "completion_method": "delta count"}
         return UpstreamUsage(prompt, self.num_deltas, 0, extra)
+
+
+def checked_tool_calls(raw: object) -> list[dict[str, Any]]:
+    """An upstream's ``tool_calls`` (streamed deltas, or a whole message's list), as
+    sent, once they are a list of objects whose ``function`` (if any) is an object
+    (``TypeError`` otherwise: a malformed response). Rendering shapes them."""
+    if not isinstance(raw, list):
+        raise TypeError(f"tool_calls must be a list, got {type(raw).__name__}")
+    for entry in raw:
+        if not isinstance(entry, dict):
+            raise TypeError(f"a tool call must be an object, got {type(entry).__name__}")
+        if not isinstance(entry.get("function", {}), dict):
+            raise TypeError("a tool call's function must be an object")
+    return raw
 
 
 def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:
