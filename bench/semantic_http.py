@@ -9,7 +9,14 @@ rewordings of them (case/punctuation variants and paraphrases), counting respons
 with ``x-kvtoll-cache: semantic``. Peer in the same run: the same loop with
 ``Cache-Control: no-cache`` (every request goes upstream). Goal: >= 300 hits/s.
 
+The load client shares the two cores with the servers, so its own cost is part of the
+figure. ``--client lean`` (default) is the keep-alive HTTP/1.1 client of
+``semantic_load.py``; ``--client httpx`` is httpx's AsyncClient, which on this CPU
+spends about as much CPU per request as the gateway. CPU milliseconds per request of
+the gateway, the upstream and the client (from /proc and getrusage) are reported.
+
     python bench/semantic_http.py [--questions 40] [--concurrency 32] [--seconds 8]
+        [--client lean|httpx]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proxy_overhead as po
+import semantic_load
 
 QUESTIONS = [
     "What is the capital of {}?", "How do I apply for a visa to {}?",
@@ -86,6 +94,24 @@ async def closed_loop(
     if no_cache:
         headers["Cache-Control"] = "no-cache"
     questions = [q.format(p) for q in QUESTIONS for p in PLACES][: args.questions]
+
+    def body_of(n: int) -> dict[str, Any]:
+        return body(REWORDINGS[n % len(REWORDINGS)](questions[n % len(questions)]))
+
+    if args.client == "lean":
+        counted, elapsed = await semantic_load.closed_loop(
+            url, headers, body_of, args.concurrency, args.seconds
+        )
+        counts = {"semantic": counted.semantic, "other": counted.other, "errors": counted.errors}
+    else:
+        counts, elapsed = await _httpx_loop(url, headers, body_of, args)
+    return {**counts, "semantic_hits_per_s": round(counts["semantic"] / elapsed, 1),
+            "requests_per_s": round(sum(counts.values()) / elapsed, 1)}  # fmt: skip
+
+
+async def _httpx_loop(
+    url: str, headers: dict[str, str], body_of: Any, args: argparse.Namespace
+) -> tuple[dict[str, int], float]:
     counts = {"semantic": 0, "other": 0, "errors": 0}
     async with httpx.AsyncClient(
         timeout=60, limits=httpx.Limits(max_connections=args.concurrency)
@@ -95,9 +121,8 @@ async def closed_loop(
         async def worker(n: int) -> None:
             while time.perf_counter() < stop_at:
                 n += 1
-                text = REWORDINGS[n % len(REWORDINGS)](questions[n % len(questions)])
                 resp = await client.post(
-                    url + "/v1/chat/completions", json=body(text), headers=headers
+                    url + "/v1/chat/completions", json=body_of(n), headers=headers
                 )
                 if resp.status_code != 200:
                     counts["errors"] += 1
@@ -108,9 +133,29 @@ async def closed_loop(
 
         started = time.perf_counter()
         await asyncio.gather(*(worker(i * 7) for i in range(args.concurrency)))
-        elapsed = time.perf_counter() - started
-    return {**counts, "semantic_hits_per_s": round(counts["semantic"] / elapsed, 1),
-            "requests_per_s": round(sum(counts.values()) / elapsed, 1)}  # fmt: skip
+        return counts, time.perf_counter() - started
+
+
+def measured_loop(
+    url: str, key: str, args: argparse.Namespace, no_cache: bool, pids: list[int]
+) -> dict[str, Any]:
+    """:func:`closed_loop` plus CPU ms per request of the servers and of this client."""
+    import resource
+
+    def own_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    before, client_before = [po.cpu_seconds(pid) for pid in pids], own_cpu()
+    result = asyncio.run(closed_loop(url, key, args, no_cache))
+    after, client_after = [po.cpu_seconds(pid) for pid in pids], own_cpu()
+    done = max(1, result["semantic"] + result["other"] + result["errors"])
+    upstream, gateway = ((a - b) * 1e3 / done for a, b in zip(after, before, strict=True))
+    result["cpu_ms_per_request"] = {
+        "gateway": round(gateway, 3), "upstream": round(upstream, 3),
+        "client": round((client_after - client_before) * 1e3 / done, 3),
+    }  # fmt: skip
+    return result
 
 
 def warm(url: str, key: str, count: int) -> int:
@@ -142,13 +187,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         po.wait_ready(direct, procs[0])
         procs.append(
-            spawn("--serve-gateway", direct, database_url, str(tmp / "data"), str(gw_port),
-                  str(args.embed_memo))
+            spawn(
+                "--serve-gateway",
+                direct,
+                database_url,
+                str(tmp / "data"),
+                str(gw_port),
+                str(args.embed_memo),
+            )
         )
         po.wait_ready(proxied, procs[1], timeout_s=300)
         warmed = warm(proxied, key, args.questions)
-        cached = asyncio.run(closed_loop(proxied, key, args, no_cache=False))
-        uncached = asyncio.run(closed_loop(proxied, key, args, no_cache=True))
+        pids = [proc.pid for proc in procs]
+        cached = measured_loop(proxied, key, args, no_cache=False, pids=pids)
+        uncached = measured_loop(proxied, key, args, no_cache=True, pids=pids)
     finally:
         for proc in procs:
             proc.terminate()
@@ -158,7 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "questions_stored": warmed,
-        "embed_memo": args.embed_memo, "concurrency": args.concurrency,
+        "embed_memo": args.embed_memo,
+        "concurrency": args.concurrency,
+        "client": args.client,
         "seconds": args.seconds,
         "semantic": cached,
         "peer_no_cache_upstream": uncached,
@@ -180,9 +234,19 @@ def main() -> None:
     parser.add_argument("--upstream-ms", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--embed-memo", type=int, default=0,
-                        help="per-tenant embedding memo size; default 0 = every lookup embeds "
-                        f"(the product default is {SemanticConfig().embed_memo_size})")
+    parser.add_argument(
+        "--client",
+        choices=("lean", "httpx"),
+        default="lean",
+        help="load client (see the module docstring)",
+    )
+    parser.add_argument(
+        "--embed-memo",
+        type=int,
+        default=0,
+        help="per-tenant embedding memo size; default 0 = every lookup embeds "
+        f"(the product default is {SemanticConfig().embed_memo_size})",
+    )
     print(json.dumps(run(parser.parse_args())))
 
 
