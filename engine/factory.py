@@ -30,6 +30,7 @@ from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
 from engine.model.config import LlamaConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.packed_linear import mkl_packing_available, pack_linears
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import ByteTokenizer
@@ -92,7 +93,10 @@ def _build_model(
             raise ValueError(f"weights missing from the checkpoint: {missing[:5]}")
     else:
         _init_tiny(model, seed)
-    return model.to(device=device, dtype=_DTYPES[dtype]).eval()
+    model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
+    if device == "cpu" and dtype == "float32" and mkl_packing_available():
+        pack_linears(model)  # engine.model.packed_linear: 1.3-1.9x at decode batch sizes
+    return model
 
 
 def _init_tiny(model: LlamaForCausalLM, seed: int) -> None:
