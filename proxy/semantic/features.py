@@ -2,7 +2,9 @@
 
 Embedding similarity is high for texts that differ in exactly the ways that change
 the answer. Each feature below measures one such difference, cheaply (regexes and
-small lexicons, no model), so the verifier can weigh it against the similarity:
+the word lists of :mod:`proxy.semantic.lexicon`, no model), so the verifier can weigh
+it against the similarity. "Substituted" means each side has something the other
+lacks (a changed value); "added" means only one side has extra (more detail):
 
 =====================  =========================================================
 ``sim``, ``sim2``       cosine similarity and its square
@@ -17,6 +19,19 @@ small lexicons, no model), so the verifier can weigh it against the similarity:
 ``unmatched``           content stems on one side only (capped at 5, / 5)
 ``reorder``             same bag of content words, different order
 ``wh``                  different question word (why vs how)
+``number_sub``          a number substituted (2014 vs 2015), ``number_add`` one added
+``entity_sub``          a proper noun substituted, ``entity_add`` one added
+``content_sub``         a content word substituted (counted with repeats: "what can
+                        the Muggles use" vs "what can the Wizards use" when both
+                        names occur elsewhere), ``content_add`` only added
+``only_query``          content stems in the query only (capped at 3, / 3)
+``only_prompt``         content stems in the cached prompt only (capped at 3, / 3)
+``swap``                two shared content words in opposite order, not a mere
+                        "X and Y" / "Y and X" (boys about girls vs girls about boys)
+``pointer``             a side points outside the text ("this dog", "the code below")
+``wh_class``            question words asking for different kinds of answer
+                        (why vs what; how and what count as one class)
+``coordination``        different number of "and"/"or": one side asks two things
 ``exact``               identical after normalisation
 ``hi``, ``hi*<guard>``  similarity above 0.75 (rescaled to 0..1), and each guard
                         gated by it: a guard matters most when the texts are close
@@ -29,103 +44,31 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-FEATURE_NAMES = (
-    "sim", "sim2", "negation", "numbers", "units", "entities", "entity_swap",
-    "direction", "opposite", "overlap", "unmatched", "reorder", "wh", "exact",
-    "hi", "hi*negation", "hi*numbers", "hi*units", "hi*entities", "hi*entity_swap",
-    "hi*direction", "hi*opposite", "hi*overlap", "hi*unmatched", "hi*reorder", "hi*wh",
+from proxy.semantic.lexicon import (
+    COORDINATORS,
+    DEMONSTRATIVES,
+    NEGATIONS,
+    NUMBER_WORDS,
+    POINTERS,
+    STOPWORDS,
+    WH_CLASSES,
+    WH_WORDS,
+    Lexicon,
+    build_lexicon,
+)
+
+GUARD_NAMES = (
+    "negation", "numbers", "units", "entities", "entity_swap", "direction", "opposite",
+    "overlap", "unmatched", "reorder", "wh", "number_sub", "number_add", "entity_sub",
+    "entity_add", "content_sub", "content_add", "only_query", "only_prompt", "swap",
+    "pointer", "wh_class", "coordination",
 )  # fmt: skip
+FEATURE_NAMES = ("sim", "sim2", *GUARD_NAMES, "exact", "hi", *(f"hi*{g}" for g in GUARD_NAMES))
 HIGH_SIMILARITY_FLOOR = 0.75  # "hi" = max(0, sim - floor) / (1 - floor): guards gated by it
 
-
-def _words(*chunks: str) -> tuple[str, ...]:
-    return tuple("".join(chunks).split())
-
+__all__ = ["FEATURE_NAMES", "Parsed", "build_lexicon", "features", "parse"]
 
 _TOKEN = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?|\d+(?:[.,]\d+)*|[$€£%]")
-STOPWORDS = frozenset(
-    _words(
-        "a an the is are was were be been being am do does did doing have has had having i me ",
-        "my we our you your he him his she her it its they them their this that these those ",
-        "of in on at by for with about as into through during to from up down out off over ",
-        "under again further then once here there all any both each few more most other some ",
-        "such own same so than too very can will just should would could may might must shall ",
-        "what which who whom whose when where why how and or but if because until while s t ",
-        "get got there's it's i'm what's how's",
-    )
-)
-NEGATIONS = frozenset(
-    _words(
-        "not no never none nobody nothing neither nor without cannot cant dont doesnt didnt ",
-        "isnt arent wasnt werent wont wouldnt shouldnt couldnt hasnt havent",
-    )
-)
-WH_WORDS = ("what", "why", "how", "when", "where", "who", "which", "whom", "whose")
-NUMBER_WORDS = {
-    w: str(i)
-    for i, w in enumerate(
-        _words(
-            "zero one two three four five six seven eight nine ten eleven twelve thirteen ",
-            "fourteen fifteen sixteen seventeen eighteen nineteen twenty",
-        )
-    )
-}
-NUMBER_WORDS.update({"thirty": "30", "forty": "40", "fifty": "50", "hundred": "100"})
-NUMBER_WORDS.update({"thousand": "1000", "million": "1000000", "billion": "1000000000"})
-OPPOSITES = _words(
-    "enable/disable buy/sell increase/decrease add/remove start/stop open/close win/lose ",
-    "import/export upload/download encrypt/decrypt connect/disconnect install/uninstall ",
-    "lock/unlock push/pull accept/reject allow/deny include/exclude first/last more/less ",
-    "most/least maximum/minimum max/min best/worst better/worse high/low higher/lower ",
-    "highest/lowest big/small large/small long/short fast/slow cheap/expensive hot/cold ",
-    "rich/poor early/late before/after above/below inside/outside true/false love/hate ",
-    "positive/negative advantage/disadvantage pro/con gain/lose rise/fall raise/lower ",
-    "expand/shrink show/hide join/leave borrow/lend give/take send/receive arrive/depart ",
-    "men/women man/woman male/female boy/girl husband/wife father/mother son/daughter ",
-    "brother/sister north/south east/west left/right up/down enter/exit import/export ",
-    "compress/decompress zip/unzip subscribe/unsubscribe follow/unfollow like/dislike ",
-    "agree/disagree legal/illegal safe/unsafe happy/sad easy/hard easy/difficult ",
-    "light/dark heavy/light strong/weak young/old new/old ascending/descending ",
-    "inhale/exhale mount/unmount attach/detach freeze/unfreeze ban/unban block/unblock ",
-    "minimize/maximize overestimate/underestimate underweight/overweight deposit/withdraw ",
-    "credit/debit profit/loss success/failure pass/fail asleep/awake wet/dry",
-)
-_IRREGULAR = {
-    "bought": "buy", "sold": "sell", "won": "win", "lost": "lose", "rose": "rise",
-    "risen": "rise", "fell": "fall", "fallen": "fall", "gave": "give", "given": "give",
-    "took": "take", "taken": "take", "sent": "send", "lent": "lend",
-    "shown": "show", "hid": "hide", "hidden": "hide", "froze": "freeze", "frozen": "freeze",
-}  # fmt: skip
-
-
-def _forms(base: str) -> set[str]:
-    forms = {base, base + "s", base + "es", base + "d", base + "ed", base + "ing", base + "er"}
-    if base.endswith("e"):
-        forms |= {base[:-1] + "ing", base[:-1] + "ed"}
-    if base.endswith("y"):
-        forms |= {base[:-1] + "ies", base[:-1] + "ied"}
-    if len(base) > 2 and base[-1] not in "aeiouwy" and base[-2] in "aeiou":
-        forms |= {base + base[-1] + "ing", base + base[-1] + "ed"}
-    return forms
-
-
-@dataclass(frozen=True)
-class _Lexicon:
-    form_to_base: dict[str, str]
-    opposite_pairs: frozenset[tuple[str, str]]
-
-
-def build_lexicon() -> _Lexicon:
-    """Word-form map and opposite pairs (built once by the verifier)."""
-    form_to_base: dict[str, str] = dict(_IRREGULAR)
-    pairs: set[tuple[str, str]] = set()
-    for item in OPPOSITES:
-        left, right = item.split("/")
-        pairs |= {(left, right), (right, left)}
-        for base in (left, right):
-            for form in _forms(base):
-                form_to_base.setdefault(form, base)
-    return _Lexicon(form_to_base, frozenset(pairs))
 
 
 @dataclass(frozen=True)
@@ -138,9 +81,15 @@ class Parsed:
     numbers: tuple[tuple[str, str], ...]  # (value, unit)
     negated: bool
     wh: str
+    wh_class: int  # -1: no question word
     bases: frozenset[str]  # lexicon base forms present
     directions: frozenset[tuple[str, str]]  # (role, word): ("from", "paris"), ("to", "london")
     flows: frozenset[tuple[str, str]]  # (source, target)
+    points_outside: bool
+    num_coordinators: int
+    content_counts: Counter[str]  # multisets of the above, for the substitution guards
+    entity_counts: Counter[str]
+    number_counts: Counter[str]  # values only
 
 
 def _stem(word: str) -> str:
@@ -151,9 +100,13 @@ def _stem(word: str) -> str:
     return word
 
 
-def parse(text: str, lexicon: _Lexicon) -> Parsed:
+def _token_text(token: str) -> str:
+    return token[:-2] if token[-2:] in ("'s", "'S") else token  # possessive: "Delhi's" -> "Delhi"
+
+
+def parse(text: str, lexicon: Lexicon) -> Parsed:
     """Tokenise ``text`` and extract everything :func:`features` compares."""
-    raw = _TOKEN.findall(text)
+    raw = [_token_text(t) for t in _TOKEN.findall(text)]
     lower = tuple(t.lower().replace("n't", "nt") for t in raw)
     content = tuple(_stem(t) for t in lower if t not in STOPWORDS and t.isalpha())
     entities = tuple(
@@ -169,7 +122,12 @@ def parse(text: str, lexicon: _Lexicon) -> Parsed:
     wh = next((t for t in lower if t in WH_WORDS), "")
     bases = frozenset(lexicon.form_to_base[t] for t in lower if t in lexicon.form_to_base)
     directions, flows = _directions(lower)
-    return Parsed(lower, content, entities, _numbers(lower), negated, wh, bases, directions, flows)
+    numbers = _numbers(lower)
+    return Parsed(
+        lower, content, entities, numbers, negated, wh, WH_CLASSES.get(wh, -1), bases,
+        directions, flows, _points_outside(lower), sum(1 for t in lower if t in COORDINATORS),
+        Counter(content), Counter(entities), Counter(v for v, _ in numbers),
+    )  # fmt: skip
 
 
 def _numbers(lower: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -183,6 +141,20 @@ def _numbers(lower: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         unit = before or (after if after.isalpha() and after not in STOPWORDS else "")
         out.append((value.rstrip("0").rstrip(".") if "." in value else value, _stem(unit)))
     return tuple(out)
+
+
+def _points_outside(lower: tuple[str, ...]) -> bool:
+    """ "this dog", "these questions", "what is that", "the code below"."""
+    for i, tok in enumerate(lower):
+        if tok in POINTERS:
+            return True
+        if tok in DEMONSTRATIVES and tok != "that":
+            after = lower[i + 1] if i + 1 < len(lower) else ""
+            if not after or (after.isalpha() and after not in STOPWORDS):
+                return True
+        if tok == "that" and i == len(lower) - 1:
+            return True
+    return False
 
 
 def _next_content(lower: tuple[str, ...], i: int) -> str:
@@ -215,16 +187,19 @@ def _directions(lower: tuple[str, ...]) -> tuple[Pairs, Pairs]:
     return frozenset(roles), frozenset(flows)
 
 
-def features(sim: float, a: Parsed, b: Parsed, lexicon: _Lexicon) -> list[float]:
-    """Feature vector in :data:`FEATURE_NAMES` order."""
-    ents_a, ents_b = set(a.entities), set(b.entities)
+def features(sim: float, a: Parsed, b: Parsed, lexicon: Lexicon) -> list[float]:
+    """Feature vector in :data:`FEATURE_NAMES` order (``a`` the query, ``b`` the prompt)."""
+    guards = [*_original_guards(a, b, lexicon), *_change_guards(a, b)]
+    hi = max(0.0, sim - HIGH_SIMILARITY_FLOOR) / (1.0 - HIGH_SIMILARITY_FLOOR)
+    return [sim, sim * sim, *guards, float(a.lower == b.lower), hi, *(hi * g for g in guards)]
+
+
+def _original_guards(a: Parsed, b: Parsed, lexicon: Lexicon) -> list[float]:
+    ents_a, ents_b = a.entity_counts.keys(), b.entity_counts.keys()
     union = ents_a | ents_b
-    vals_a = Counter(v for v, _ in a.numbers)
-    vals_b = Counter(v for v, _ in b.numbers)
+    vals_a, vals_b = a.number_counts, b.number_counts
     units_differ = vals_a == vals_b and sorted(a.numbers) != sorted(b.numbers)
-    stems_a, stems_b = set(a.content), set(b.content)
-    overlap = len(stems_a & stems_b) / max(1, len(stems_a | stems_b))
-    unmatched = min(5, len(stems_a ^ stems_b)) / 5
+    stems_a, stems_b = a.content_counts.keys(), b.content_counts.keys()
     opposite = any(
         (x, y) in lexicon.opposite_pairs for x in a.bases - b.bases for y in b.bases - a.bases
     )
@@ -233,9 +208,7 @@ def features(sim: float, a: Parsed, b: Parsed, lexicon: _Lexicon) -> list[float]
         (("to" if role == "from" else "from"), w) in b.directions and (role, w) not in b.directions
         for role, w in a.directions
     )
-    base = [
-        sim,
-        sim * sim,
+    return [
         float(a.negated != b.negated),
         float(vals_a != vals_b),
         float(units_differ),
@@ -243,14 +216,53 @@ def features(sim: float, a: Parsed, b: Parsed, lexicon: _Lexicon) -> list[float]
         float(ents_a == ents_b and len(ents_a) >= 2 and _order(a.entities) != _order(b.entities)),
         float(swapped_flow or swapped_role),
         float(opposite),
-        overlap,
-        unmatched,
-        float(Counter(a.content) == Counter(b.content) and a.content != b.content),
+        len(stems_a & stems_b) / max(1, len(stems_a | stems_b)),
+        min(5, len(stems_a ^ stems_b)) / 5,
+        float(a.content_counts == b.content_counts and a.content != b.content),
         float(a.wh != b.wh),
-        float(a.lower == b.lower),
     ]
-    hi = max(0.0, sim - HIGH_SIMILARITY_FLOOR) / (1.0 - HIGH_SIMILARITY_FLOOR)
-    return [*base, hi, *(hi * g for g in base[2:13])]
+
+
+def _change_guards(a: Parsed, b: Parsed) -> list[float]:
+    number_sub, number_add = _sub_add(a.number_counts, b.number_counts)
+    entity_sub, entity_add = _sub_add(a.entity_counts, b.entity_counts)
+    content_sub, content_add = _sub_add(a.content_counts, b.content_counts)
+    only_query = len(a.content_counts.keys() - b.content_counts.keys())
+    only_prompt = len(b.content_counts.keys() - a.content_counts.keys())
+    return [
+        number_sub, number_add, entity_sub, entity_add, content_sub, content_add,
+        min(3, only_query) / 3, min(3, only_prompt) / 3, float(_swapped(a, b)),
+        float(a.points_outside or b.points_outside),
+        float(a.wh_class != b.wh_class),
+        float(a.num_coordinators != b.num_coordinators),
+    ]  # fmt: skip
+
+
+def _sub_add(x: Counter[str], y: Counter[str]) -> tuple[float, float]:
+    """(each side has something the other lacks, exactly one side has extra)."""
+    only_x = any(n > y.get(k, 0) for k, n in x.items())
+    only_y = any(n > x.get(k, 0) for k, n in y.items())
+    return float(only_x and only_y), float(only_x != only_y)
+
+
+def _swapped(a: Parsed, b: Parsed) -> bool:
+    """Two content words shared by both sides come in opposite orders, and neither text
+    joins them with a coordinator ("X and Y" vs "Y and X" asks the same)."""
+    first_b = {w: i for i, w in reversed(list(enumerate(b.content)))}
+    shared = [w for w in dict.fromkeys(a.content) if w in first_b]
+    for i, x in enumerate(shared):
+        for y in shared[i + 1 :]:
+            if first_b[x] > first_b[y] and not (_coordinated(a, x, y) or _coordinated(b, x, y)):
+                return True
+    return False
+
+
+def _coordinated(p: Parsed, x: str, y: str) -> bool:
+    stems = [_stem(t) for t in p.lower]
+    if x not in stems or y not in stems:
+        return False
+    i, j = sorted((stems.index(x), stems.index(y)))
+    return any(t in COORDINATORS for t in p.lower[i + 1 : j])
 
 
 def _order(entities: tuple[str, ...]) -> tuple[str, ...]:

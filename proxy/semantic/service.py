@@ -155,11 +155,9 @@ class SemanticCache:
         self, query: str, candidates: list[tuple[Slot, float]]
     ) -> list[tuple[float, float, Slot]]:
         """(score, similarity, slot) of the candidates worth scoring, best score first."""
-        out = [
-            (self._verifier.score(query, slot.prompt, sim), sim, slot)
-            for slot, sim in candidates
-            if sim >= self._verifier.min_similarity
-        ]
+        worth = [(slot, sim) for slot, sim in candidates if sim >= self._verifier.min_similarity]
+        scores = self._verifier.score_many(query, [(slot.prompt, sim) for slot, sim in worth])
+        out = [(score, sim, slot) for score, (slot, sim) in zip(scores, worth, strict=True)]
         out.sort(key=lambda item: -item[0])
         return out
 

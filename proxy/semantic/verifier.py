@@ -11,13 +11,19 @@ only if ``score >= threshold``; the default threshold in the weights file was ch
 for precision >= 0.95 and a tenant may override it (``Tenant.semantic_threshold``).
 Candidates below ``min_similarity`` are rejected without scoring; a prompt with the
 same words as the query (case and punctuation aside) scores 1 (an exact repeat).
+
+Cost: a lookup scores its few candidates in one call (:meth:`LogisticVerifier.score_many`):
+the query is parsed once, cached prompts' parses are kept in a bounded LRU
+(``parse_cache_size``; a hit's candidates are the popular prompts), and the linear
+model runs as one matrix product.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,6 +46,10 @@ class Verifier(Protocol):
     def min_similarity(self) -> float: ...
 
     def score(self, query: str, prompt: str, similarity: float) -> float: ...
+
+    def score_many(self, query: str, candidates: Sequence[tuple[str, float]]) -> list[float]:
+        """Scores of ``(prompt, similarity)`` candidates for one query, in order."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -101,12 +111,16 @@ def load_weights(path: str | Path | None = None) -> VerifierWeights:
 class LogisticVerifier:
     """Guard features + logistic regression (see the module docstring)."""
 
-    def __init__(self, weights: VerifierWeights) -> None:
+    def __init__(self, weights: VerifierWeights, parse_cache_size: int = 4096) -> None:
+        if parse_cache_size < 0:
+            raise ValueError("parse_cache_size must be >= 0")
         self._weights = weights
         self._lexicon = build_lexicon()
         self._coef = np.asarray(weights.coef, dtype=np.float64)
         self._mean = np.asarray(weights.mean, dtype=np.float64)
         self._scale = np.asarray(weights.scale, dtype=np.float64)
+        self._parsed: OrderedDict[str, Parsed] = OrderedDict()
+        self._parse_cache_size = parse_cache_size
 
     @property
     def weights(self) -> VerifierWeights:
@@ -121,7 +135,17 @@ class LogisticVerifier:
         return self._weights.min_similarity
 
     def parse(self, text: str) -> Parsed:
-        return parse(text, self._lexicon)
+        """``text`` parsed, from the LRU when it was parsed recently."""
+        found = self._parsed.get(text)
+        if found is not None:
+            self._parsed.move_to_end(text)
+            return found
+        parsed = parse(text, self._lexicon)
+        if self._parse_cache_size:
+            self._parsed[text] = parsed
+            if len(self._parsed) > self._parse_cache_size:
+                self._parsed.popitem(last=False)
+        return parsed
 
     def feature_vector(self, query: str, prompt: str, similarity: float) -> list[float]:
         """Raw (unstandardised) features of one pair."""
@@ -129,15 +153,30 @@ class LogisticVerifier:
 
     def score(self, query: str, prompt: str, similarity: float) -> float:
         """Probability that ``prompt``'s answer is a correct answer to ``query``."""
-        if _operators(query) != _operators(prompt):
-            return 0.0  # 10 - 4 vs 10 + 4, x < y vs x > y: the words alone cannot tell
-        if _normalised(query) == _normalised(prompt) and _normalised(query):
-            return 1.0  # an exact repeat (case, spacing and final punctuation aside)
-        parsed_query, parsed_prompt = self.parse(query), self.parse(prompt)
-        raw = features(similarity, parsed_query, parsed_prompt, self._lexicon)
-        x = np.asarray(raw, dtype=np.float64)
-        z = float(((x - self._mean) / self._scale) @ self._coef) + self._weights.intercept
-        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+        return self.score_many(query, [(prompt, similarity)])[0]
+
+    def score_many(self, query: str, candidates: Sequence[tuple[str, float]]) -> list[float]:
+        """:meth:`score` of each ``(prompt, similarity)``, the query parsed once."""
+        out = [-1.0] * len(candidates)
+        rows: list[list[float]] = []
+        slots: list[int] = []
+        operators, normalised = _operators(query), _normalised(query)
+        parsed_query: Parsed | None = None
+        for n, (prompt, similarity) in enumerate(candidates):
+            if _operators(prompt) != operators:
+                out[n] = 0.0  # 10 - 4 vs 10 + 4, x < y vs x > y: the words alone cannot tell
+            elif normalised and _normalised(prompt) == normalised:
+                out[n] = 1.0  # an exact repeat (case, spacing and final punctuation aside)
+            else:
+                parsed_query = parsed_query or self.parse(query)
+                rows.append(features(similarity, parsed_query, self.parse(prompt), self._lexicon))
+                slots.append(n)
+        if rows:
+            z = ((np.asarray(rows) - self._mean) / self._scale) @ self._coef
+            probs = 1.0 / (1.0 + np.exp(-np.clip(z + self._weights.intercept, -60.0, 60.0)))
+            for n, p in zip(slots, probs.tolist(), strict=True):
+                out[n] = p
+        return out
 
 
 # Arithmetic and comparison symbols that are not part of a word ("e-mail" keeps its hyphen).
