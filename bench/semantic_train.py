@@ -13,6 +13,9 @@ decision on labelled pairs) is >= ``--target-precision``. The strict replay figu
 (the cache's lookup of each ``calib`` query against every train prompt, a hit correct
 only on its own pair with label 1) is reported beside it.
 
+To judge a change to the features or the training, compare the out-of-fold curves of
+``bench/semantic_cv.py`` (the calib split alone is too small for that).
+
 Usage: .venv/bin/python bench/semantic_train.py [--embeddings-cache PATH.npz]
 Prints one JSON object (counts, calibration figures, held-out hard-case results).
 """

@@ -7,8 +7,11 @@ regression over the guard features of :mod:`proxy.semantic.features`. The weight
 ship in ``data/verifier_weights.json`` (trained by ``bench/semantic_train.py`` on the
 training split of the QQP pairs plus the training half of the hand-written hard
 cases in ``data/hard_cases.jsonl``; no training data ships). A candidate is served
-only if ``score >= threshold``; the default threshold in the weights file was chosen
-for precision >= 0.95 and a tenant may override it (``Tenant.semantic_threshold``).
+only if ``score >= threshold``. The default threshold in the weights file is the lowest
+whose precision on the calib split's labelled pairs is >= 0.95; QQP's own labels put
+the cache's precision below that at this recall (``bench/semantic_cv.py`` prints the
+curve), so a tenant that wants fewer, surer hits raises its own threshold
+(``Tenant.semantic_threshold``).
 Candidates below ``min_similarity`` are rejected without scoring; a prompt with the
 same words as the query (case and punctuation aside) scores 1 (an exact repeat).
 
