@@ -9,17 +9,24 @@ SQLite serialises writers (WAL + busy timeout). Each row actually inserted is
 also added, in the same transaction, to the hourly rollup that the usage views
 read (:mod:`billing.usage_rollup`); a duplicate adds nothing. Database errors
 propagate: the caller keeps the entry (the proxy's outbox) and replays it later.
+
+A batch costs one look at the price table (``count``, ``max(id)``: prices are only
+added, so the history loaded earlier is reused while they are unchanged), one
+multi-row insert and one executemany upsert of its rollup rows;
+:class:`LedgerWriter` keeps the statements and the price history (the proxy's outbox
+drainer keeps one writer), :func:`write_usage_many` builds them per call.
 """
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Insert, Table, insert, select
+from sqlalchemy import Insert, Table, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.models import ApiKeyId, Price, RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.pricing import price_in_force
 from billing.rating import ZERO_CHARGE, Usage, rate, validate_usage
-from billing.usage_rollup import RollupDeltas
+from billing.usage_rollup import RollupDeltas, upsert_statement
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ def _row_values(session: Session, entry: LedgerEntry) -> dict[str, Any]:
     return _rated_row(entry, price_in_force(session, entry.model, entry.created_at))
 
 
-def _rated_row(entry: LedgerEntry, price: Price | None) -> dict[str, Any]:
+def _rated_row(entry: LedgerEntry, price: Price | _PriceRow | None) -> dict[str, Any]:
     charge = ZERO_CHARGE if price is None else rate(entry.usage, price)
     return {
         "request_id": str(uuid.UUID(entry.request_id)),
@@ -100,43 +107,117 @@ def _rated_row(entry: LedgerEntry, price: Price | None) -> dict[str, Any]:
     }
 
 
-def _prices(session: Session, entries: list[LedgerEntry]) -> list[Price | None]:
-    """The price in force for each entry, with two lookups per model when one price
-    covers the model's whole batch (the usual case: the price in force only moves
-    forward in time), else one lookup per entry of that model."""
-    by_model: dict[str, list[int]] = {}
-    for i, entry in enumerate(entries):
-        by_model.setdefault(entry.model, []).append(i)
-    found: list[Price | None] = [None] * len(entries)
-    for model, indexes in by_model.items():
-        first = min(entries[i].created_at for i in indexes)
-        last = max(entries[i].created_at for i in indexes)
-        early = price_in_force(session, model, first)
-        late = early if first == last else price_in_force(session, model, last)
-        same = (early is None and late is None) or (
-            early is not None and late is not None and early.id == late.id)
-        for i in indexes:
-            found[i] = early if same else price_in_force(session, model, entries[i].created_at)
-    return found
+@dataclass(frozen=True)
+class _PriceRow:
+    """A price row's values, detached from any session (rating reads them)."""
+
+    id: int
+    effective_from: datetime
+    input_pico: int
+    cached_input_pico: int
+    output_pico: int
+    semantic_hit_ppm: int
 
 
-def _insert_many_ignoring_duplicates(
-    session: Session, rows: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Insert ``rows`` (distinct request ids, in id order) with one Core executemany;
-    returns the rows actually inserted (a request id already recorded is skipped)."""
-    dialect = session.get_bind().dialect.name
-    table = cast(Table, UsageRecord.__table__)
-    statement: Insert
-    if dialect == "postgresql":
-        statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
-    elif dialect == "sqlite":
-        statement = sqlite.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
-    else:
-        return [values for values in rows if _insert_generic(session, values)]
-    result = session.execute(statement.returning(table.c.request_id), rows)
-    inserted = {str(rid) for rid in result.scalars()}
-    return [values for values in rows if values["request_id"] in inserted]
+class _PriceHistory:
+    """Every price row by model, oldest first, as loaded at one state of the table."""
+
+    def __init__(self, prices: Iterable[Price]) -> None:
+        self._prices: dict[str, list[_PriceRow]] = {}
+        for p in prices:
+            self._prices.setdefault(p.model, []).append(_PriceRow(
+                p.id, p.effective_from, p.input_pico, p.cached_input_pico, p.output_pico,
+                p.semantic_hit_ppm))
+        self._starts = {model: [p.effective_from for p in ps] for model, ps in self._prices.items()}
+
+    def in_force(self, model: str, at: datetime) -> _PriceRow | None:
+        """The price of ``model`` with the latest ``effective_from`` at or before ``at``."""
+        prices = self._prices.get(model)
+        if not prices:
+            return None
+        starts = self._starts[model]
+        if at >= starts[-1]:  # the usual case: the newest price
+            return prices[-1]
+        i = bisect.bisect_right(starts, at)
+        return prices[i - 1] if i else None
+
+
+def _price_table_state(session: Session) -> tuple[int, int | None]:
+    """``(count, max id)`` of the price table: prices are only ever added (a change is a
+    new row), so an unchanged pair means an unchanged table."""
+    row = session.execute(select(func.count(Price.id), func.max(Price.id))).one()
+    return int(row[0]), row[1]
+
+
+class LedgerWriter:
+    """:func:`write_usage_many` with its insert and rollup statements built once per
+    dialect (keep one per database: the outbox drainer writes a batch every few
+    hundred milliseconds)."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+        self._inserts: dict[str, Insert] = {}
+        self._upserts: dict[str, Insert] = {}
+        self._history: _PriceHistory | None = None
+        self._history_state: tuple[int, int | None] | None = None
+
+    def _prices(self, session: Session, entries: list[LedgerEntry]) -> list[_PriceRow | None]:
+        """The price in force for each entry, from the price history, reloaded (in this
+        transaction) only when the price table changed since it was loaded."""
+        state = _price_table_state(session)
+        if self._history is None or state != self._history_state:
+            query = select(Price).order_by(Price.model, Price.effective_from)
+            self._history = _PriceHistory(session.scalars(query))
+            self._history_state = state
+        history = self._history
+        return [history.in_force(entry.model, entry.created_at) for entry in entries]
+
+    def write(self, entries: Iterable[LedgerEntry]) -> int:
+        """See :func:`write_usage_many`."""
+        batch = list(entries)
+        for entry in batch:
+            validate_entry(entry)
+        if not batch:
+            return 0
+        deltas = RollupDeltas()
+        with self._factory.begin() as session:
+            unique: dict[str, dict[str, Any]] = {}
+            for entry, price in zip(batch, self._prices(session, batch), strict=True):
+                values = _rated_row(entry, price)
+                unique.setdefault(values["request_id"], values)  # the first of equal ids wins
+            rows = [unique[rid] for rid in sorted(unique)]
+            inserted = self._insert_ignoring_duplicates(session, rows)
+            for values in inserted:
+                deltas.add(values)
+            dialect = session.get_bind().dialect.name
+            upsert = None
+            if dialect in ("postgresql", "sqlite"):
+                upsert = self._upserts.get(dialect)
+                if upsert is None:
+                    upsert = self._upserts[dialect] = upsert_statement(dialect)
+            deltas.apply(session, upsert)
+        return len(inserted)
+
+    def _insert_ignoring_duplicates(
+        self, session: Session, rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Insert ``rows`` (distinct request ids, in id order) with one Core executemany;
+        returns the rows actually inserted (a request id already recorded is skipped)."""
+        dialect = session.get_bind().dialect.name
+        statement = self._inserts.get(dialect)
+        if statement is None:
+            table = cast(Table, UsageRecord.__table__)
+            if dialect == "postgresql":
+                base: Insert = postgresql.insert(table).on_conflict_do_nothing(
+                    index_elements=["request_id"])
+            elif dialect == "sqlite":
+                base = sqlite.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
+            else:
+                return [values for values in rows if _insert_generic(session, values)]
+            statement = self._inserts[dialect] = base.returning(table.c.request_id)
+        result = session.execute(statement, rows)
+        inserted = {str(rid) for rid in result.scalars()}
+        return [values for values in rows if values["request_id"] in inserted]
 
 
 def _insert_generic(session: Session, values: dict[str, Any]) -> bool:
@@ -169,21 +250,7 @@ def write_usage_many(factory: sessionmaker[Session], entries: Iterable[LedgerEnt
     writers replaying overlapping batches lock the same ids in the same order and
     cannot deadlock; rollup rows are then updated in key order, for the same reason.
     """
-    batch = list(entries)
-    for entry in batch:
-        validate_entry(entry)
-    deltas = RollupDeltas()
-    with factory.begin() as session:
-        unique: dict[str, dict[str, Any]] = {}
-        for entry, price in zip(batch, _prices(session, batch), strict=True):
-            values = _rated_row(entry, price)
-            unique.setdefault(values["request_id"], values)  # the first of equal ids wins
-        rows = [unique[rid] for rid in sorted(unique)]
-        inserted = _insert_many_ignoring_duplicates(session, rows) if rows else []
-        for values in inserted:
-            deltas.add(values)
-        deltas.apply(session)
-    return len(inserted)
+    return LedgerWriter(factory).write(entries)
 
 
 def get_usage(session: Session, request_id: str) -> UsageRecord | None:

@@ -99,28 +99,35 @@ class RollupDeltas:
         for i, name in enumerate(SUMMED_COLUMNS, start=1):
             sums[i] += int(row[name])
 
-    def apply(self, session: Session) -> None:
-        """Add every increment to its rollup row, in key order; then forget them."""
+    def apply(self, session: Session, upsert: Insert | None = None) -> None:
+        """Add every increment to its rollup row, in key order (one executemany of
+        ``upsert``, :func:`upsert_statement` of the session's dialect, built here when
+        not given); then forget them."""
         dialect = session.get_bind().dialect.name
+        rows = []
         for key in sorted(self._sums):
             values = {name: getattr(key, name) for name in KEY_COLUMNS}
             values.update(zip(COUNT_COLUMNS, self._sums[key], strict=True))
-            if dialect in ("postgresql", "sqlite"):
-                session.execute(_upsert(dialect, values))
-            else:
-                _add_generic(session, values)
+            rows.append(values)
         self._sums.clear()
+        if not rows:
+            return
+        if dialect not in ("postgresql", "sqlite"):
+            for values in rows:
+                _add_generic(session, values)
+            return
+        session.execute(upsert if upsert is not None else upsert_statement(dialect), rows)
 
 
 def _table() -> Table:
     return cast(Table, UsageHourly.__table__)
 
 
-def _upsert(dialect: str, values: dict[str, Any]) -> Insert:
+def upsert_statement(dialect: str) -> Insert:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE SET n = n + excluded.n`` for PostgreSQL
+    or SQLite, to execute with one parameter dict per rollup row."""
     table = _table()
-    stmt = (postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)).values(
-        values
-    )
+    stmt = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
     return stmt.on_conflict_do_update(
         index_elements=list(KEY_COLUMNS),
         set_={name: table.c[name] + stmt.excluded[name] for name in COUNT_COLUMNS},

@@ -5,9 +5,12 @@ Write path (transactional outbox)::
     request finishes ─► Meter.record(entry) ─► outbox.put (one append to a local journal,
                                                in the event loop; survives kill -9)
                                             └► wake the drainer
-    drainer (background) ─► outbox.peek(batch) ─► billing.ledger.write_usage_many
-                                                  (one transaction per batch, idempotent
-                                                   by request id) ─► outbox.remove(batch)
+    drainer (background) ─► outbox.take_fresh() ─► billing.ledger.LedgerWriter.write
+                            (records since the       (one transaction per batch,
+                             last trip, no backlog)   idempotent by request id)
+                                                   ─► outbox.settle_taken()
+                            backlog (DB was down, a crash): outbox.peek(batch) ─► write
+                                                   ─► outbox.remove(batch)
 
 The response is sent only after :meth:`Meter.record` returned, so every answered
 request has its usage on disk even if the process dies the next instant; the
@@ -34,7 +37,7 @@ from typing import Any
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.ledger import LedgerEntry, write_usage, write_usage_many
+from billing.ledger import LedgerEntry, LedgerWriter, write_usage
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
@@ -81,6 +84,7 @@ class Meter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._factory = factory
+        self._writer = LedgerWriter(factory)
         self._outbox = outbox
         self._metrics = metrics
         self._retry_s = retry_interval_s
@@ -97,15 +101,26 @@ class Meter:
     async def record(self, entry: LedgerEntry) -> None:
         """Make ``entry`` durable (outbox) and schedule its ledger write; returns once it
         is safe to answer the client."""
+        if not self.record_nowait(entry):
+            await self.record_directly(entry)
+
+    def record_nowait(self, entry: LedgerEntry) -> bool:
+        """:meth:`record` without waiting: True once ``entry`` is in the outbox; False if
+        the outbox could not be written (local disk trouble): then the caller must
+        :meth:`record_directly`."""
         try:
             self._outbox.put(entry.request_id, entry_to_json(entry))
-        except (OSError, sqlite3.Error):  # local disk trouble: write to the ledger instead
+        except (OSError, sqlite3.Error):
             log.exception("outbox write failed; writing %s to the ledger directly",
                           entry.request_id)
-            await anyio.to_thread.run_sync(write_usage, self._factory, entry)
-            return
+            return False
         self._metrics.outbox_depth.inc()
         self._wake.set()
+        return True
+
+    async def record_directly(self, entry: LedgerEntry) -> None:
+        """Write ``entry`` to the ledger now (in a worker thread), bypassing the outbox."""
+        await anyio.to_thread.run_sync(write_usage, self._factory, entry)
 
     async def drain(self) -> int:
         """Move outbox entries into the ledger until it is empty or the database fails;
@@ -116,7 +131,30 @@ class Meter:
             return moved
 
     def _drain_blocking(self) -> tuple[int, int]:
-        """One worker-thread trip: batches until empty or failing; (moved, depth left)."""
+        """One worker-thread trip; (moved, depth left). Without a backlog the records
+        put since the last trip go to the ledger in one batch, straight from the
+        journal (:meth:`Outbox.take_fresh`); a backlog (or a batch that failed) goes
+        through the outbox database, in batches, until empty or failing."""
+        if not self._outbox.backlog():
+            fresh = self._outbox.take_fresh()
+            if not fresh:
+                return 0, self._outbox.depth()
+            try:
+                self._writer.write([entry_from_json(p) for _, p in fresh])
+            except (ValueError, TypeError, KeyError):  # a bad entry: the backlog isolates it
+                self._outbox.keep_taken()
+            except Exception as exc:
+                self._outbox.keep_taken()
+                self._note_failure(exc)
+                return 0, self._outbox.depth()
+            else:
+                self._db_down_until = 0.0
+                self._outbox.settle_taken()
+                return len(fresh), self._outbox.depth()
+        return self._drain_backlog(), self._outbox.depth()
+
+    def _drain_backlog(self) -> int:
+        """Batches from the outbox database until it is empty or the database fails."""
         moved = 0
         while True:
             batch = self._outbox.peek(DRAIN_BATCH)
@@ -126,12 +164,12 @@ class Meter:
             moved += done
             if done < len(batch):
                 break
-        return moved, self._outbox.depth()
+        return moved
 
     def _write_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> int:
         """Write one batch; returns how many left the outbox (all, or 0 on a DB failure)."""
         try:
-            write_usage_many(self._factory, [entry_from_json(p) for _, p in batch])
+            self._writer.write([entry_from_json(p) for _, p in batch])
         except (ValueError, TypeError, KeyError):  # one bad entry: isolate it
             return self._write_one_by_one(batch)
         except Exception as exc:

@@ -3,9 +3,17 @@
 Two files in ``data_dir``::
 
     put ──► outbox.journal (append-only, one JSON line per record: one write(2))
-                │ absorbed (renamed to outbox.journal.absorbing, copied in one
-                ▼ transaction, deleted) before any peek / depth
+                │ taken (renamed to outbox.journal.taken; its records, kept in
+                │ memory since their put, go to the ledger; then it is deleted)
+                │   or absorbed (renamed to outbox.journal.absorbing, copied in one
+                ▼   transaction, deleted) before any peek
             outbox.sqlite3 (WAL): ordered, keyed by request id; peek / remove
+
+While the ledger keeps up, records never touch SQLite: the drainer takes the
+journal's records in one rename (:meth:`Outbox.take_fresh`) and deletes the taken
+file once the ledger committed them (:meth:`Outbox.settle_taken`). A backlog (a
+failed ledger write, :meth:`Outbox.keep_taken`, or records a crash left) goes
+through SQLite as before, oldest first.
 
 A :meth:`Outbox.put` returns once its line is written to the journal: in the operating
 system's page cache, so a ``kill -9`` of the process right after it loses nothing
@@ -17,7 +25,8 @@ second put of the same id is a no-op (the first is kept when the journal is
 absorbed); they are deleted only after the ledger accepted them, and since the
 ledger write is idempotent by request id, a replay interrupted between the two
 never bills twice. A crash in the middle of absorbing leaves the ``.absorbing``
-file, absorbed again at the next start (duplicates ignored); a torn last line (power
+file, one between taking and settling the ``.taken`` file: both are absorbed at the
+next start (with the journal itself; duplicates ignored); a torn last line (power
 loss) is logged and skipped.
 ``put`` runs in the event loop, the rest (blocking, short) in a worker thread. One
 gateway process per ``data_dir``.
@@ -37,6 +46,8 @@ log = logging.getLogger(__name__)
 OUTBOX_FILE = "outbox.sqlite3"
 JOURNAL_FILE = "outbox.journal"
 ABSORBING_SUFFIX = ".absorbing"
+TAKEN_SUFFIX = ".taken"
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # built once, not per record
 
 
 class Outbox:
@@ -50,6 +61,10 @@ class Outbox:
         self._journal_lock = threading.Lock()  # the journal's file descriptor
         self._journal = path.with_name(JOURNAL_FILE)
         self._absorbing = path.with_name(JOURNAL_FILE + ABSORBING_SUFFIX)
+        self._taken = path.with_name(JOURNAL_FILE + TAKEN_SUFFIX)
+        # the journal's records since it was last taken or absorbed, by request id
+        self._fresh: dict[str, dict[str, Any]] = {}
+        self._num_taken = 0  # records taken and not yet settled or kept
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={'FULL' if fsync_every_put else 'NORMAL'}")
@@ -57,8 +72,9 @@ class Outbox:
             "CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
             " request_id TEXT NOT NULL UNIQUE, payload TEXT NOT NULL)"
         )
-        with self._lock:
-            self._absorb_file(self._absorbing)  # left by a crash while absorbing
+        with self._lock:  # left by a crash: absorbing, taken, or never drained
+            for left in (self._absorbing, self._taken, self._journal):
+                self._absorb_file(left)
         self._fd = self._open_journal()
 
     @classmethod
@@ -78,8 +94,7 @@ class Outbox:
     def put(self, request_id: str, payload: dict[str, Any]) -> None:
         """Store one record durably; a record already queued for ``request_id`` is kept.
         Raises ``OSError`` if the journal cannot be written."""
-        line = json.dumps([request_id, payload], separators=(",", ":")) + "\n"
-        data = line.encode()
+        data = (_COMPACT_JSON.encode([request_id, payload]) + "\n").encode()
         with self._journal_lock:
             written = os.write(self._fd, data)
             if written != len(data):  # a full disk: cut the partial line off again, so
@@ -88,17 +103,57 @@ class Outbox:
             self._size += written
             if self._fsync:
                 os.fsync(self._fd)
+            self._fresh.setdefault(request_id, payload)
 
     def _absorb(self) -> None:
         """Move the journal's records into the database (call with ``_lock`` held)."""
         self._absorb_file(self._absorbing)  # a previous attempt that failed: first
+        self._absorb_file(self._taken)  # records taken, then kept
+        if self._rotate(self._absorbing) is not None:
+            self._absorb_file(self._absorbing)
+
+    def _rotate(self, target: Path) -> dict[str, dict[str, Any]] | None:
+        """Rename the journal to ``target`` and start a new one; returns its records
+        (None if it had none)."""
         with self._journal_lock:
             if self._size == 0:
-                return
-            os.replace(self._journal, self._absorbing)
+                return None
+            os.replace(self._journal, target)
             old, self._fd = self._fd, self._open_journal()
+            fresh, self._fresh = self._fresh, {}
         os.close(old)
-        self._absorb_file(self._absorbing)
+        return fresh
+
+    def backlog(self) -> bool:
+        """True if records wait in the database (or in a file a failure left)."""
+        with self._lock:
+            if self._absorbing.exists() or self._taken.exists():
+                return True
+            return self._conn.execute("SELECT 1 FROM outbox LIMIT 1").fetchone() is not None
+
+    def take_fresh(self) -> list[tuple[str, dict[str, Any]]]:
+        """The journal's records (put since the last take or absorb, first put of each
+        request id), the journal renamed aside until :meth:`settle_taken` (the ledger
+        has them) or :meth:`keep_taken` (it failed). Call when :meth:`backlog` is
+        False, one take at a time."""
+        with self._lock:
+            if self._taken.exists():
+                raise RuntimeError("the previous take was neither settled nor kept")
+            fresh = self._rotate(self._taken)
+            self._num_taken = len(fresh) if fresh else 0
+        return list(fresh.items()) if fresh else []
+
+    def settle_taken(self) -> None:
+        """The taken records are in the ledger: forget them."""
+        with self._lock:
+            self._taken.unlink(missing_ok=True)
+            self._num_taken = 0
+
+    def keep_taken(self) -> None:
+        """The taken records could not be written: queue them in the database."""
+        with self._lock:
+            self._absorb_file(self._taken)
+            self._num_taken = 0
 
     def _absorb_file(self, path: Path) -> None:
         try:
@@ -139,15 +194,23 @@ class Outbox:
         if not request_ids:
             return
         with self._lock:
-            self._conn.executemany(
-                "DELETE FROM outbox WHERE request_id = ?", [(r,) for r in request_ids]
-            )
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany(
+                    "DELETE FROM outbox WHERE request_id = ?", [(r,) for r in request_ids]
+                )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
 
     def depth(self) -> int:
-        """How many records wait."""
+        """How many records wait: queued in the database, taken and not yet settled, or
+        put since the last take (a record put again while queued counts twice)."""
         with self._lock:
-            self._absorb()
-            return int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+            queued = int(self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+            with self._journal_lock:
+                return queued + self._num_taken + len(self._fresh)
 
     def close(self) -> None:
         with self._lock:

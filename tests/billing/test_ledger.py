@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing import accounts, pricing
-from billing.ledger import LedgerEntry, get_usage, write_usage, write_usage_many
+from billing.ledger import LedgerEntry, LedgerWriter, get_usage, write_usage, write_usage_many
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.rating import Usage, rate
 
@@ -83,6 +83,29 @@ def test_one_batch_across_a_price_change_rates_each_entry_at_its_own_price(
         billed = [get_usage(session, e.request_id) for e in entries]
         assert [r.billed_pico if r else None for r in billed] == [
             24_000_000, 48_000_000, 24_000_000, 24_000_000, 48_000_000]
+
+
+def test_a_kept_writer_sees_every_new_price(factory: Factory) -> None:
+    """The writer reuses the price history it loaded only while the price table is
+    unchanged: a price added later (even one effective in the past, for a model that
+    had none) rates the next batch."""
+    tenant_id, key_id = _setup(factory)
+    writer = LedgerWriter(factory)
+    day_40 = T0 + timedelta(days=40)
+    first = [_entry(tenant_id, key_id, created_at=day_40), _entry(tenant_id, key_id,
+                                                                   model="new-model")]
+    assert writer.write(first) == 2
+    with factory.begin() as session:
+        pricing.set_price(session, "smol", "0.60", "0.30", "2.4", "0.4",
+                          effective_from=T0 + timedelta(days=35))
+        pricing.set_price(session, "new-model", "1", "1", "1", "1", effective_from=T0)
+    second = [_entry(tenant_id, key_id, created_at=day_40), _entry(tenant_id, key_id,
+                                                                    model="new-model")]
+    assert writer.write(second) == 2
+    with factory() as session:
+        billed = [get_usage(session, e.request_id) for e in first + second]
+        assert [r.billed_pico if r else None for r in billed] == [
+            48_000_000, 0, 96_000_000, 120_000_000]
 
 
 def test_semantic_hit_and_missing_price(factory: Factory) -> None:

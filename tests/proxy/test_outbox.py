@@ -1,7 +1,8 @@
-"""The outbox's journal: records put before a crash (a journal never absorbed, or one
-left half-absorbed) are all there after a restart, in order and once each; a torn
-line is skipped without losing its neighbours; a short write (full disk) is cut off
-so the next record stays readable."""
+"""The outbox's journal: records put before a crash (a journal never absorbed, one
+left half-absorbed, or one taken for the ledger and not yet settled) are all there
+after a restart, in order and once each; a torn line is skipped without losing its
+neighbours; a short write (full disk) is cut off so the next record stays readable;
+settled records are gone, kept ones queue in the database."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proxy import outbox as outbox_module
-from proxy.outbox import ABSORBING_SUFFIX, JOURNAL_FILE, Outbox
+from proxy.outbox import ABSORBING_SUFFIX, JOURNAL_FILE, TAKEN_SUFFIX, Outbox
 
 
 def _crash(outbox: Outbox) -> None:
@@ -66,4 +67,40 @@ def test_short_write_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(outbox_module.os, "write", real_write)
     outbox.put("c", {"n": 3})
     assert outbox.peek() == [("a", {"n": 1}), ("c", {"n": 3})]
+    outbox.close()
+
+
+def test_taken_records_survive_a_crash_before_they_are_settled(tmp_path: Path) -> None:
+    """kill -9 between taking the journal and the ledger commit loses nothing."""
+    outbox = Outbox.in_dir(tmp_path)
+    outbox.put("a", {"n": 1})
+    outbox.put("b", {"n": 2})
+    outbox.put("a", {"n": 3})  # a repeat: the first is kept
+    assert outbox.take_fresh() == [("a", {"n": 1}), ("b", {"n": 2})]
+    assert outbox.depth() == 2  # taken, not settled: still waiting
+    with pytest.raises(RuntimeError):
+        outbox.take_fresh()  # one take at a time
+    outbox.put("c", {"n": 4})  # into the new journal
+    _crash(outbox)
+    reopened = Outbox.in_dir(tmp_path)
+    assert reopened.peek() == [("a", {"n": 1}), ("b", {"n": 2}), ("c", {"n": 4})]
+    assert not (tmp_path / (JOURNAL_FILE + TAKEN_SUFFIX)).exists()
+    reopened.close()
+
+
+def test_settled_records_are_gone_and_kept_ones_queue_in_order(tmp_path: Path) -> None:
+    outbox = Outbox.in_dir(tmp_path)
+    outbox.put("a", {"n": 1})
+    assert not outbox.backlog()
+    assert outbox.take_fresh() == [("a", {"n": 1})]
+    outbox.settle_taken()
+    assert (outbox.depth(), outbox.take_fresh(), outbox.peek()) == (0, [], [])
+    outbox.put("b", {"n": 2})
+    assert outbox.take_fresh() == [("b", {"n": 2})]
+    outbox.put("c", {"n": 3})
+    outbox.keep_taken()  # the ledger write failed
+    assert outbox.backlog()
+    assert outbox.peek() == [("b", {"n": 2}), ("c", {"n": 3})]
+    outbox.remove(["b", "c"])
+    assert not outbox.backlog() and outbox.depth() == 0
     outbox.close()
