@@ -201,23 +201,42 @@ class LedgerWriter:
     def _insert_ignoring_duplicates(
         self, session: Session, rows: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
-        """Insert ``rows`` (distinct request ids, in id order) with one Core executemany;
-        returns the rows actually inserted (a request id already recorded is skipped)."""
         dialect = session.get_bind().dialect.name
         statement = self._inserts.get(dialect)
         if statement is None:
-            table = cast(Table, UsageRecord.__table__)
-            if dialect == "postgresql":
-                base: Insert = postgresql.insert(table).on_conflict_do_nothing(
-                    index_elements=["request_id"])
-            elif dialect == "sqlite":
-                base = sqlite.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
-            else:
-                return [values for values in rows if _insert_generic(session, values)]
-            statement = self._inserts[dialect] = base.returning(table.c.request_id)
-        result = session.execute(statement, rows)
-        inserted = {str(rid) for rid in result.scalars()}
-        return [values for values in rows if values["request_id"] in inserted]
+            statement = insert_ignoring_duplicates(dialect)
+            if statement is not None:
+                self._inserts[dialect] = statement
+        return _insert_many_ignoring_duplicates(session, rows, statement)
+
+
+def insert_ignoring_duplicates(dialect: str) -> Insert | None:
+    """``INSERT ... ON CONFLICT (request_id) DO NOTHING RETURNING request_id`` for
+    PostgreSQL or SQLite (None for other dialects)."""
+    table = cast(Table, UsageRecord.__table__)
+    if dialect == "postgresql":
+        base: Insert = postgresql.insert(table).on_conflict_do_nothing(
+            index_elements=["request_id"])
+    elif dialect == "sqlite":
+        base = sqlite.insert(table).on_conflict_do_nothing(index_elements=["request_id"])
+    else:
+        return None
+    return base.returning(table.c.request_id)
+
+
+def _insert_many_ignoring_duplicates(
+    session: Session, rows: list[dict[str, Any]], statement: Insert | None = None
+) -> list[dict[str, Any]]:
+    """Insert ``rows`` (distinct request ids, in id order) with one Core executemany of
+    ``statement`` (:func:`insert_ignoring_duplicates`, built here when not given);
+    returns the rows actually inserted (a request id already recorded is skipped)."""
+    if statement is None:
+        statement = insert_ignoring_duplicates(session.get_bind().dialect.name)
+        if statement is None:
+            return [values for values in rows if _insert_generic(session, values)]
+    result = session.execute(statement, rows)
+    inserted = {str(rid) for rid in result.scalars()}
+    return [values for values in rows if values["request_id"] in inserted]
 
 
 def _insert_generic(session: Session, values: dict[str, Any]) -> bool:
