@@ -73,10 +73,13 @@ def response_meta(kind: Kind, request_id: str, model: str) -> ResponseMeta:
     return ResponseMeta(f"{prefix}-{request_id.replace('-', '')}", model, int(time.time()))
 
 
+# one encoder for every response (json.dumps with options builds a new one per call)
+_RESPONSE_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def json_bytes(content: Any) -> bytes:
     """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
-    return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode("utf-8")
+    return _RESPONSE_JSON.encode(content).encode("utf-8")
 
 
 def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:

@@ -10,8 +10,8 @@ tokens → admission limits → per-key rate limit (429). The result is an immut
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,6 +71,10 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(name)
 
 
+# built once (json.loads with options builds a new decoder per call)
+_STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def decode_json_object(raw: bytes) -> dict[str, Any]:
     """:func:`engine.serving.errors.decode_json_body` (strict UTF-8 and JSON, an object,
     no lone surrogate), with a fast path for the common body: without a ``\\u`` escape
@@ -79,7 +83,7 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
     strict decoder, which raises the exact error."""
     if b"\\u" not in raw:
         try:
-            data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+            data = _STRICT_JSON.decode(raw.decode("utf-8"))
         except (ValueError, RecursionError):
             data = None
         if isinstance(data, dict):
@@ -87,8 +91,23 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
     return decode_json_body(raw)
 
 
+# the RFC 4122 variant's first hex digit (binary 10xx) for any random hex digit
+_VARIANT_DIGIT = {f"{n:x}": "89ab"[n & 3] for n in range(16)}
+
+
+def new_request_id() -> str:
+    """A random version-4 UUID (what ``str(uuid.uuid4())`` gives, without building a
+    ``UUID`` object) from the OS's random source. The ledger and outbox drop a repeated
+    request id as a retry, so ids must never repeat, also across forked workers (a
+    PRNG seeded once would repeat in every child of a pre-forking server)."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT_DIGIT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
 def cache_directives(header: str | None) -> tuple[bool, bool]:
     """``(no_cache, no_store)`` from a ``Cache-Control`` header."""
+    if not header:
+        return False, False
     tokens = {t.strip().lower() for t in (header or "").split(",")}
     return "no-cache" in tokens, "no-store" in tokens
 
@@ -121,10 +140,8 @@ class Intake:
         return self._auth
 
     def _new_request_id(self) -> str:
-        """A random (version 4) UUID from the OS. The ledger and outbox drop a repeated
-        request id as a retry, so ids must never repeat, also across forked workers
-        (a PRNG seeded once would repeat in every child of a pre-forking server)."""
-        return str(uuid.uuid4())
+        """A random (version 4) UUID from the OS, as :func:`new_request_id`."""
+        return new_request_id()
 
     async def authenticate(self, authorization: str | None) -> KeyIdentity:
         """The caller's identity; database lookups run in a worker thread."""

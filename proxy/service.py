@@ -276,8 +276,7 @@ class Gateway:
                         raise UpstreamError("upstream stalled", retryable=False) from None
                 flight.tally.add(item)
                 if isinstance(item, UpstreamUsage):
-                    with anyio.CancelScope(shield=True):
-                        await self._finish(flight, RequestStatus.OK)
+                    await self._finish(flight, RequestStatus.OK)
                 yield item
                 item = None
             ended = True
@@ -312,21 +311,26 @@ class Gateway:
             await self._finish(flight, RequestStatus.CLIENT_DISCONNECT)
 
     async def _finish(self, flight: _Flight, status: RequestStatus) -> None:
-        """Write the request's one ledger row and update metrics, hooks and caches."""
+        """Write the request's one ledger row and update metrics, hooks and caches. The
+        awaits that can suspend are shielded from cancellation (the usual path, an
+        outbox append, does not suspend: no cancel scope costs it time)."""
         if flight.metered:
             return
         flight.metered = True
         prompt, cached, completion = _billable_tokens(flight)
         entry = _ledger_entry(flight, status, prompt, cached, completion)
-        await self._meter.record(entry)
+        if not self._meter.record_nowait(entry):  # the outbox failed: to the ledger now
+            with anyio.CancelScope(shield=True):
+                await self._meter.record_directly(entry)
         # Metrics after the response is on its way: the client waits for nothing here.
         asyncio.get_running_loop().call_soon(
             self._observe, flight, status, entry, prompt, cached, completion
         )
         if self._router is not None and flight.upstream and flight.upstream_request:
-            await self._router.release(
-                flight.upstream, flight.upstream_request, flight.tally.usage
-            )
+            with anyio.CancelScope(shield=True):
+                await self._router.release(
+                    flight.upstream, flight.upstream_request, flight.tally.usage
+                )
         if status is RequestStatus.OK and flight.served_by is ServedBy.ENGINE:
             self._maybe_store(flight)
 

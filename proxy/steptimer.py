@@ -40,7 +40,7 @@ class StepTimer:
         return self
 
     def __enter__(self) -> StepTimer:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task is None:
             raise RuntimeError("StepTimer must be used inside a task")
         self._task = task

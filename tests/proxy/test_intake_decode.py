@@ -1,16 +1,19 @@
 """The intake's JSON fast path answers exactly as the engine's strict decoder: the same
-object, or the same OpenAI error, for good bodies and every kind of bad one."""
+object, or the same OpenAI error, for good bodies and every kind of bad one; request
+ids are canonical random version-4 UUIDs."""
 
 from __future__ import annotations
 
+import functools
 import json
+import uuid
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.serving.errors import OpenAIError, decode_json_body
-from proxy.intake import decode_json_object
+from proxy.intake import decode_json_object, new_request_id
 
 BODIES = [
     b'{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9llo"}]}',
@@ -44,3 +47,15 @@ def test_same_outcome_for_any_json_value(value: object) -> None:
     for raw in (json.dumps(value).encode(), json.dumps(value, ensure_ascii=False).encode(
             "utf-8", errors="surrogatepass")):
         assert _outcome(decode_json_object, raw) == _outcome(decode_json_body, raw)
+
+
+def test_request_ids_are_random_version_4_uuids() -> None:
+    ids = [new_request_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    parsed = [uuid.UUID(i) for i in ids]
+    assert all(str(u) == i for u, i in zip(parsed, ids, strict=True))  # canonical spelling
+    assert {u.version for u in parsed} == {4}
+    assert {u.variant for u in parsed} == {uuid.RFC_4122}
+    # every random bit varies: 122 of them (4 version and 2 variant bits are fixed)
+    varying = functools.reduce(int.__or__, (u.int ^ parsed[0].int for u in parsed))
+    assert bin(varying).count("1") == 122
