@@ -8,7 +8,9 @@ Workload (full): 64 requests, prompts of 32-512 random tokens, outputs of 32-256
 tokens with EOS ignored, all submitted at once to the engine (continuous batching).
 Peer, same process, same weights and dtype: HF ``LlamaForCausalLM.generate`` in static
 batches of 16 (left padded, greedy; each batch runs to its longest output, only the
-requested tokens count). Optional peer: llama-cpp-python single stream, if importable.
+requested tokens count). Optional peer: llama-cpp-python single stream on the same GGUF
+(its own quantised kernels, the engine's thread count), the first 8 requests one after
+another, if importable (``pip install -e '.[llamacpp]'`` builds llama.cpp from source).
 Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same cold.
 Prints one JSON object.
 """
@@ -114,7 +116,11 @@ def run_llama_cpp(work: Workload) -> dict[str, Any]:
         from llama_cpp import Llama
     except ImportError:
         return {"skipped": "llama-cpp-python is not installed (optional extra 'llamacpp')"}
-    llm = Llama(model_path=str(bundled_model_path()), n_ctx=1024, verbose=False)
+    threads = torch.get_num_threads()  # the engine's and HF's threads (llama.cpp's default: half)
+    llm = Llama(
+        model_path=str(bundled_model_path()), n_ctx=1024, n_threads=threads,
+        n_threads_batch=threads, verbose=False,
+    )
     start = time.perf_counter()
     n = 0
     for p, m in zip(work.prompts[:8], work.max_tokens[:8], strict=True):
@@ -128,6 +134,8 @@ def run_llama_cpp(work: Workload) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     return {
         "seconds": round(elapsed, 2),
+        "requests": 8,
+        "threads": threads,
         "output_tokens": n,
         "output_tokens_per_s": round(n / elapsed, 2),
     }
@@ -221,7 +229,11 @@ def main() -> None:
             / result["hf_transformers"]["output_tokens_per_s"],
             2,
         )
-    result["llama_cpp_single_stream"] = run_llama_cpp(work)
+    result["llama_cpp_single_stream"] = llama = run_llama_cpp(work)
+    if "output_tokens_per_s" in llama:
+        result["engine_vs_llama_cpp"] = round(
+            result["engine"]["output_tokens_per_s"] / llama["output_tokens_per_s"], 2
+        )
     result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)
     print(json.dumps(result, indent=2))
 
