@@ -1,5 +1,6 @@
 """Which attention backend runs: ``auto`` = Triton on CUDA (when Triton is installed),
-the CPU kernel backend on CPU (torch with decode in a numba kernel), torch elsewhere;
+the CPU kernel backend on CPU (torch with decode in a numba kernel; torch where numba
+has no thread-safe parallel back end), torch elsewhere;
 ``torch``, ``cpu`` and ``triton`` force one. Triton on a CPU device is allowed
 only under the Triton interpreter (``TRITON_INTERPRET=1``), which tests use.
 """
@@ -21,6 +22,14 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def cpu_kernels_available() -> bool:
+    """Whether the numba CPU kernels can run here (numba has a thread-safe parallel
+    back end: libgomp or libtbb)."""
+    from engine.kernels.cpu_decode_attention import threadsafe_parallelism_available
+
+    return threadsafe_parallelism_available()
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
@@ -34,9 +43,13 @@ def resolve_backend_name(name: str, device: torch.device | str) -> str:
     if name == "auto":
         if dev.type == "cuda" and triton_available():
             return "triton"
-        return "cpu" if dev.type == "cpu" else "torch"
+        if dev.type == "cpu" and cpu_kernels_available():
+            return "cpu"
+        return "torch"
     if name == "cpu" and dev.type != "cpu":
         raise ValueError(f"attention backend 'cpu' needs the CPU device (got {dev.type})")
+    if name == "cpu" and not cpu_kernels_available():
+        raise ValueError("attention backend 'cpu' needs numba with libgomp or libtbb")
     if name == "triton":
         if not triton_available():
             raise ValueError("attention backend 'triton' needs the triton package")

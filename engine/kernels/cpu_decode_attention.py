@@ -30,6 +30,7 @@ kernels (``_build``) -> launcher (``_check``, ``_check_indices``) -> public func
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,22 @@ import torch
 CHUNK_SIZE = 2
 
 Kernel = Callable[..., Any]
+
+
+# numba's parallel back ends that allow launches from several threads at once (engines
+# run in their own threads); its fallback, "workqueue", aborts the process on that.
+THREADSAFE_LAYERS = {"tbb": "numba.np.ufunc.tbbpool", "omp": "numba.np.ufunc.omppool"}
+
+
+def threadsafe_parallelism_available() -> bool:
+    """Whether numba can load a thread-safe parallel back end (libtbb or libgomp) here."""
+    for module in THREADSAFE_LAYERS.values():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        return True
+    return False
 
 
 def _build(group: int, head_dim: int) -> tuple[Kernel, Kernel]:

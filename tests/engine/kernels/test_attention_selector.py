@@ -44,3 +44,14 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.Mo
 def test_unknown_name_is_refused() -> None:
     with pytest.raises(ValueError, match="auto, torch, cpu, triton"):
         select_attention_backend("flash", "cpu")
+
+
+def test_without_a_threadsafe_numba_back_end_auto_falls_back_to_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine.kernels import cpu_decode_attention
+
+    monkeypatch.setattr(cpu_decode_attention, "THREADSAFE_LAYERS", {"omp": "no.such.module"})
+    assert type(select_attention_backend("auto", "cpu")) is TorchAttentionBackend
+    with pytest.raises(ValueError, match="libgomp or libtbb"):
+        select_attention_backend("cpu", "cpu")
