@@ -275,10 +275,13 @@ class _StreamReader:
     def read_prompt_headers(self, headers: Mapping[str, str]) -> None:
         """A kvtoll worker's prompt counts (see ``engine.serving.sse``), for the first
         delta; other servers send none."""
+        prompt_header = headers.get(PROMPT_TOKENS_HEADER)
+        cached_header = headers.get(CACHED_TOKENS_HEADER)
+        if prompt_header is None or cached_header is None:
+            return  # the usual case for other servers: no exception raised and caught
         try:
-            prompt = int(headers[PROMPT_TOKENS_HEADER])
-            cached = int(headers[CACHED_TOKENS_HEADER])
-        except (KeyError, ValueError):
+            prompt, cached = int(prompt_header), int(cached_header)
+        except ValueError:
             return
         if 0 <= cached <= prompt:
             self.counts = (prompt, cached)
