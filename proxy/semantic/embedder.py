@@ -9,8 +9,9 @@ which computes the same vectors with about half the Python overhead. Vectors are
 float32 and L2-normalised, so an inner product is a cosine similarity.
 
 :class:`MicroBatcher` turns many concurrent ``await embed_one(text)`` calls into
-few model calls: the first waiting text opens a batch that closes after
-``max_wait_ms`` or at ``max_batch`` texts, and runs on one worker thread.
+few model calls on one worker thread: texts that arrive while a batch runs go
+together as the next batch (up to ``max_batch``); an idle worker starts at once
+(``max_wait_ms=0``, the default) or after waiting that long for company.
 """
 
 from __future__ import annotations
@@ -184,20 +185,22 @@ class _Pending:
 class MicroBatcher:
     """Batches concurrent ``embed_one`` calls into one model call on a worker thread.
 
-    One batch runs at a time. A text arriving while the worker is idle waits at most
-    ``max_wait_ms`` for company; texts arriving while a batch runs queue up and go
+    One batch runs at a time. Texts arriving while a batch runs queue up and go
     together as the next batch the moment it finishes, so under load batches grow
-    towards ``max_batch`` instead of many small batches queueing behind each other.
+    towards ``max_batch`` instead of many small batches queueing behind each other. A
+    text arriving while the worker is idle starts a batch on the next event-loop turn
+    (with whatever arrived in the same turn) when ``max_wait_ms`` is 0, else after
+    waiting at most ``max_wait_ms`` for company: a lone lookup pays that wait in full.
     """
 
-    def __init__(self, embedder: Embedder, max_batch: int = 32, max_wait_ms: float = 2.0) -> None:
+    def __init__(self, embedder: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
         self._embedder = embedder
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000.0
         self._pending: list[_Pending] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._busy = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtoll-embed")
@@ -208,6 +211,11 @@ class MicroBatcher:
     def embedder(self) -> Embedder:
         return self._embedder
 
+    @property
+    def num_waiting(self) -> int:
+        """Texts not yet handed to the model."""
+        return len(self._pending)
+
     async def embed_one(self, text: str) -> np.ndarray:
         """Embedding of one text, batched with whatever else is waiting."""
         loop = asyncio.get_running_loop()
@@ -215,8 +223,10 @@ class MicroBatcher:
         self._pending.append(_Pending(text, future))
         if len(self._pending) >= self._max_batch:
             self._flush()
-        elif self._timer is None:
+        elif self._timer is None and self._max_wait_s > 0:
             self._timer = loop.call_later(self._max_wait_s, self._flush)
+        elif self._timer is None:
+            self._timer = loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:

@@ -45,3 +45,22 @@ async def test_texts_queued_behind_a_running_batch_form_one_next_batch() -> None
     assert [len(b) for b in model.batches] == [1, 8, 2]  # queued together, capped at max_batch
     assert [float(v[0]) for v in vectors] == [1.0, *range(1, 11)]
     batcher.close()
+
+
+@pytest.mark.anyio
+async def test_an_idle_worker_starts_at_once_with_texts_of_the_same_turn() -> None:
+    model = GatedEmbedder()
+    model.release.set()
+    batcher = MicroBatcher(model, max_batch=8)  # max_wait_ms=0: no waiting for company
+    together = [asyncio.create_task(batcher.embed_one(t)) for t in ("a", "bb", "ccc")]
+    await asyncio.sleep(0)  # the three tasks queue their texts in this turn
+    assert batcher.num_waiting == 3
+    await asyncio.sleep(0)  # next turn: handed to the model, no timer involved
+    assert batcher.num_waiting == 0
+    await asyncio.gather(*together)
+    alone = await asyncio.wait_for(batcher.embed_one("dddd"), timeout=5)
+    assert model.batches == [["a", "bb", "ccc"], ["dddd"]]
+    assert float(alone[0]) == 4.0
+    with pytest.raises(ValueError):
+        MicroBatcher(model, max_wait_ms=-1)
+    batcher.close()
