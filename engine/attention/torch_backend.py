@@ -9,7 +9,8 @@ K/V are gathered through each sequence's block table (layout in
   block-diagonal matmuls in bfloat16), keys padded to the group's longest context and
   masked by ``seq_lens``;
 * prefill chunks run one sequence at a time with a causal mask shifted by the number
-  of tokens already in the cache (``seq_len - query_len``).
+  of tokens already in the cache (``seq_len - query_len``): torch's fused SDPA in
+  float32, query tiles of explicit matmuls in bfloat16.
 
 Query heads are grouped per KV head (GQA: query head ``h`` reads KV head
 ``h // (H / Hkv)``) and attention is two matmuls around a float32 softmax.
