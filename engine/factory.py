@@ -25,6 +25,7 @@ from engine.api import Tokenizer
 from engine.attention.base import AttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import TINY_MODEL, EngineConfig
+from engine.host_memory import keep_tensor_memory
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
@@ -155,6 +156,8 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     """The synchronous engine (tests, benchmarks); pass ``loaded`` to reuse weights."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    if config.device == "cpu":
+        keep_tensor_memory()  # engine.host_memory: temporaries without page faults
     lm = loaded or load_model(config)
     max_len = min(
         config.max_model_len or lm.config.max_position_embeddings, lm.config.max_position_embeddings
