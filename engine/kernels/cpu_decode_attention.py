@@ -10,17 +10,18 @@ once::
     token t of sequence s -> block_tables[s, t // BLOCK_SIZE], offset t % BLOCK_SIZE
     out        [T, H, D]              only the rows q_rows are written
 
-Three stages, one task per (decode row, KV head) in each numba stage; a task loads
-its GROUP = H / Hkv query heads together (GQA), so every K/V element is read once
-per group::
+Three stages, one task per decode row in each numba stage; a task walks the row's
+blocks once for all its heads (each block is read as one contiguous run), the GROUP =
+H / Hkv query heads of a KV head next to each other (GQA)::
 
     scores [R, H, W] = (q * scale) . K        W = the longest context; -inf past each row's
     probs  [R, H, W] = softmax(scores)        torch (vectorised exp; numba's is scalar)
     out[q_rows]      = probs . V
 
-GROUP and D are compile-time constants of each compiled pair (closures of
+GROUP, D and Hkv are compile-time constants of each compiled pair (closures of
 :func:`_build`): with them the inner loops are fully vectorised, 2x faster than with
-runtime bounds (measured). numba caches the machine code on disk per (GROUP, D).
+runtime bounds; one task per row instead of per (row, KV head) was another 1.2x on
+the scores (both measured). numba caches the machine code on disk per shape.
 float32 only (numba has no bfloat16 arithmetic); bfloat16 caches use the torch path.
 
 kernels (``_build``) -> launcher (``_check``, ``_check_indices``) -> public function
@@ -39,9 +40,9 @@ import numba
 import numpy as np
 import torch
 
-# Tasks handed to a thread at a time: small enough to balance contexts of 32 and 2,048
-# tokens across two cores, large enough that the hand-out is not the cost.
-CHUNK_SIZE = 2
+# Decode rows handed to a thread at a time: contexts of 32 and 2,048 tokens differ 64x
+# in work, so rows are handed out one by one rather than in static halves.
+CHUNK_SIZE = 1
 
 Kernel = Callable[..., Any]
 
@@ -62,58 +63,59 @@ def threadsafe_parallelism_available() -> bool:
     return False
 
 
-def _build(group: int, head_dim: int) -> tuple[Kernel, Kernel]:
-    """The scores and weighted-sum kernels for ``group`` query heads per KV head and
-    ``head_dim``, both constants of the compiled code."""
+def _build(group: int, head_dim: int, num_kv_heads: int) -> tuple[Kernel, Kernel]:
+    """The scores and weighted-sum kernels for ``group`` query heads per KV head,
+    ``head_dim`` and ``num_kv_heads``, all constants of the compiled code."""
+    num_heads = group * num_kv_heads
 
     @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
     def scores_kernel(  # type: ignore[no-untyped-def]  # numba-typed
         q, k_cache, block_tables, seq_lens, q_rows, seq_ids, scale, scores
     ):
-        block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+        block_size = k_cache.shape[1]
         width = scores.shape[2]
-        for task in numba.prange(q_rows.shape[0] * num_kv_heads):
-            row = task // num_kv_heads
-            kv_head = task - row * num_kv_heads
+        for row in numba.prange(q_rows.shape[0]):
             qi, seq = q_rows[row], seq_ids[row]
             length = seq_lens[seq]
-            q_group = np.empty((group, head_dim), dtype=np.float32)
-            for g in range(group):
+            q_scaled = np.empty((num_heads, head_dim), dtype=np.float32)
+            for h in range(num_heads):
                 for d in range(head_dim):
-                    q_group[g, d] = q[qi, kv_head * group + g, d] * scale
+                    q_scaled[h, d] = q[qi, h, d] * scale
             for j in range((length + block_size - 1) // block_size):
                 block = block_tables[seq, j]
                 for t in range(min(block_size, length - j * block_size)):
-                    for g in range(group):
-                        acc = np.float32(0.0)
-                        for d in range(head_dim):
-                            acc += q_group[g, d] * k_cache[block, t, kv_head, d]
-                        scores[row, kv_head * group + g, j * block_size + t] = acc
-            for g in range(group):
+                    for kv_head in range(num_kv_heads):
+                        for g in range(group):
+                            h = kv_head * group + g
+                            acc = np.float32(0.0)
+                            for d in range(head_dim):
+                                acc += q_scaled[h, d] * k_cache[block, t, kv_head, d]
+                            scores[row, h, j * block_size + t] = acc
+            for h in range(num_heads):
                 for t in range(length, width):
-                    scores[row, kv_head * group + g, t] = -np.inf
+                    scores[row, h, t] = -np.inf
 
     @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
     def weighted_sum_kernel(  # type: ignore[no-untyped-def]  # numba-typed
         probs, v_cache, block_tables, seq_lens, q_rows, seq_ids, out
     ):
-        block_size, num_kv_heads = v_cache.shape[1], v_cache.shape[2]
-        for task in numba.prange(q_rows.shape[0] * num_kv_heads):
-            row = task // num_kv_heads
-            kv_head = task - row * num_kv_heads
+        block_size = v_cache.shape[1]
+        for row in numba.prange(q_rows.shape[0]):
             qi, seq = q_rows[row], seq_ids[row]
             length = seq_lens[seq]
-            acc = np.zeros((group, head_dim), dtype=np.float32)
+            acc = np.zeros((num_heads, head_dim), dtype=np.float32)
             for j in range((length + block_size - 1) // block_size):
                 block = block_tables[seq, j]
                 for t in range(min(block_size, length - j * block_size)):
-                    for g in range(group):
-                        p = probs[row, kv_head * group + g, j * block_size + t]
-                        for d in range(head_dim):
-                            acc[g, d] += p * v_cache[block, t, kv_head, d]
-            for g in range(group):
+                    for kv_head in range(num_kv_heads):
+                        for g in range(group):
+                            h = kv_head * group + g
+                            p = probs[row, h, j * block_size + t]
+                            for d in range(head_dim):
+                                acc[h, d] += p * v_cache[block, t, kv_head, d]
+            for h in range(num_heads):
                 for d in range(head_dim):
-                    out[qi, kv_head * group + g, d] = acc[g, d]
+                    out[qi, h, d] = acc[h, d]
 
     return scores_kernel, weighted_sum_kernel
 
@@ -149,15 +151,15 @@ _BAD_INDEX = {
 
 @dataclass
 class CpuDecodeKernels:
-    """Compiled kernel pairs by (group, head_dim), built on first use (numba loads them
-    from its disk cache after the first compile on a machine, ~3 s)."""
+    """Compiled kernel pairs by (group, head_dim, num_kv_heads), built on first use
+    (numba loads them from its disk cache after the first compile on a machine, ~3 s)."""
 
-    _built: dict[tuple[int, int], tuple[Kernel, Kernel]] = field(default_factory=dict)
+    _built: dict[tuple[int, int, int], tuple[Kernel, Kernel]] = field(default_factory=dict)
 
-    def get(self, group: int, head_dim: int) -> tuple[Kernel, Kernel]:
-        key = (group, head_dim)
+    def get(self, group: int, head_dim: int, num_kv_heads: int) -> tuple[Kernel, Kernel]:
+        key = (group, head_dim, num_kv_heads)
         if key not in self._built:
-            self._built[key] = _build(group, head_dim)
+            self._built[key] = _build(group, head_dim, num_kv_heads)
         return self._built[key]
 
 
@@ -246,8 +248,9 @@ def cpu_paged_decode_attention(
     if q_rows.numel() == 0:
         return out
     width = _check_indices(q, k_cache, block_tables, seq_lens, q_rows, seq_ids)
-    group, head_dim = q.shape[1] // k_cache.shape[2], q.shape[2]
-    scores_kernel, weighted_sum_kernel = kernels.get(group, head_dim)
+    num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
+    scores_kernel, weighted_sum_kernel = kernels.get(q.shape[1] // num_kv_heads, head_dim,
+                                                     num_kv_heads)
     threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
     # Both settings are per calling thread in numba.
     if numba.get_num_threads() != threads:
