@@ -49,6 +49,9 @@ class LLMEngine:
         self.limits = limits
         self.outputs = OutputProcessor(tokenizer, limits.max_model_len)
         self._requests: dict[str, list[Sequence]] = {}
+        # Choices 1..n-1 of a request, held back until choice 0 has computed the prompt
+        # (see add_request).
+        self._deferred: dict[str, list[Sequence]] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self.num_preemptions = 0  # total, for tests and metrics
@@ -67,7 +70,14 @@ class LLMEngine:
         validate_request(request, self.limits)
 
     def add_request(self, request: GenerationRequest) -> None:
-        """Validate and queue a request (one sequence per choice)."""
+        """Validate and queue a request (one sequence per choice).
+
+        With ``n > 1`` only choice 0 is queued at first; the other choices join the head
+        of the waiting queue in the step where choice 0 has computed the whole prompt,
+        so they start from its cached prompt blocks instead of each prefilling the same
+        prompt (every choice still samples its first token from its own computation of
+        the last, partial block).
+        """
         self.validate(request)
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
@@ -87,12 +97,14 @@ class LLMEngine:
             for i in range(request.sampling.n)
         ]
         self._requests[request.request_id] = seqs
-        for s in seqs:
-            self.scheduler.add(s)
+        self.scheduler.add(seqs[0])
+        if len(seqs) > 1:
+            self._deferred[request.request_id] = seqs[1:]
 
     def abort_request(self, request_id: str) -> list[GenerationChunk]:
         """Stop a request now and free its blocks; the final ``abort`` chunks."""
         chunks: list[GenerationChunk] = []
+        self._deferred.pop(request_id, None)
         for seq in self._requests.pop(request_id, []):
             if seq.is_finished:
                 continue
@@ -136,6 +148,9 @@ class LLMEngine:
         for s in out.scheduled:
             if not s.seq.is_finished:
                 self.kv.cache_full_blocks(s.seq)
+        for s in done:  # a choice 0 that has just computed its prompt releases the others
+            if s.seq.index == 0 and s.seq.request_id in self._deferred:
+                self.scheduler.add_first(self._deferred.pop(s.seq.request_id))
         return chunks
 
     def _runner_seq(self, s: ScheduledSeq) -> RunnerSeq:

@@ -58,6 +58,13 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    def add_first(self, seqs: list[Sequence]) -> None:
+        """Queue ``seqs`` at the head of the waiting queue, in order (they arrived with
+        a sequence that is already running)."""
+        for seq in reversed(seqs):
+            seq.status = SeqStatus.WAITING
+            self.waiting.appendleft(seq)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -3,6 +3,8 @@ mixed with prefill chunks, preemption completes everything, admission refusal.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.api import EngineRejected, FinishReason, GenerationRequest, SamplingParams
@@ -74,3 +76,36 @@ def test_max_num_seqs_caps_the_running_batch(tiny_model: LoadedModel) -> None:
     engine.step()
     assert len(engine.scheduler.running) == 2
     assert len(engine.scheduler.waiting) == 2
+
+
+def test_choices_after_the_first_start_from_its_cached_prompt(tiny_model: LoadedModel) -> None:
+    """n=3 over a 40-token prompt: choice 0 prefills it; choices 1 and 2 join in the
+    next step and compute only the last, partial block; greedy choices agree with n=1."""
+    config = EngineConfig.tiny(max_num_batched_tokens=64)
+    bs = config.block_size
+    engine = build_llm_engine(config, tiny_model)
+    three = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, n=3)
+    engine.add_request(_req("r", 40, three))
+    assert _batch(engine) == [("r", 0, 40)]  # only choice 0
+    full = 40 // bs * bs
+    assert _batch(engine) == [("r", 40, 1), ("r", full, 40 - full), ("r", full, 40 - full)]
+    choices = engine._requests["r"]
+    assert [s.num_cached_tokens for s in choices] == [0, full, full]
+    while engine.has_unfinished():
+        engine.step()
+    outputs = {tuple(s.output_token_ids) for s in choices}
+    alone = build_llm_engine(config, tiny_model).generate_sync(
+        [_req("one", 40, replace(three, n=1))]
+    )
+    assert outputs == {tuple(t for c in alone["one"][0] for t in c.token_ids)}
+
+
+def test_aborting_while_later_choices_wait_finishes_every_choice(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(EngineConfig.tiny(max_num_batched_tokens=8), tiny_model)
+    engine.add_request(_req("r", 30, SamplingParams(max_tokens=4, temperature=0.0, n=2)))
+    _batch(engine)  # choice 0's first prefill chunk; choice 1 is held back
+    chunks = engine.abort_request("r")
+    assert sorted(c.index for c in chunks) == [0, 1]
+    assert all(c.finish_reason == FinishReason.ABORT for c in chunks)
+    assert not engine.has_unfinished()
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
