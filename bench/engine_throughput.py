@@ -12,6 +12,10 @@ requested tokens count). Optional peer: llama-cpp-python single stream on the sa
 (its own quantised kernels, the engine's thread count), the first 8 requests one after
 another, if importable (``pip install -e '.[llamacpp]'`` builds llama.cpp from source).
 Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same cold.
+Also, in the same run, the machine's matrix-multiply bound: the rate of the engine's
+own linear layer on a 512-row product (best of several), the workload's linear-layer
+FLOPs (2 x projection weights per prompt and output token, plus the lm_head per output
+token) and so the tokens/s no engine doing that arithmetic in this dtype could beat.
 Prints one JSON object.
 """
 
@@ -71,6 +75,36 @@ def run_engine(loaded: LoadedModel, config: EngineConfig, work: Workload) -> dic
         "output_tokens_per_s": round(produced / elapsed, 2),
         "steps": engine.num_steps,
         "preemptions": engine.num_preemptions,
+    }
+
+
+def linear_bound(loaded: LoadedModel, work: Workload, engine_tps: float) -> dict[str, Any]:
+    """The workload's tokens/s if every linear-layer FLOP ran at the rate measured now
+    for the engine's own gate projection on 512 rows (attention and the rest free)."""
+    model = loaded.model
+    layer_params = sum(
+        m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)
+    )
+    head_params = model.lm_head.weight.numel()
+    tokens = sum(len(p) for p in work.prompts) + work.output_tokens
+    flops = 2 * layer_params * tokens + 2 * head_params * work.output_tokens
+    proj = model.model.layers[0].get_submodule("mlp.gate_proj")
+    assert isinstance(proj, torch.nn.Linear)
+    x = torch.randn(512, proj.in_features, dtype=proj.weight.dtype)
+    best = float("inf")
+    with torch.inference_mode():
+        proj(x)
+        for _ in range(20):
+            start = time.perf_counter()
+            proj(x)
+            best = min(best, time.perf_counter() - start)
+    gflops = 2 * 512 * proj.in_features * proj.out_features / best / 1e9
+    bound = work.output_tokens / (flops / (gflops * 1e9))
+    return {
+        "linear_gflop_per_s_512_rows": round(gflops, 1),
+        "workload_linear_tflop": round(flops / 1e12, 2),
+        "output_tokens_per_s_bound": round(bound, 1),
+        "engine_fraction_of_bound": round(engine_tps / bound, 3),
     }
 
 
@@ -234,6 +268,8 @@ def main() -> None:
         result["engine_vs_llama_cpp"] = round(
             result["engine"]["output_tokens_per_s"] / llama["output_tokens_per_s"], 2
         )
+        result["goal_5x_llama_cpp_tokens_per_s"] = round(5 * llama["output_tokens_per_s"], 1)
+    result["linear_bound"] = linear_bound(loaded, work, result["engine"]["output_tokens_per_s"])
     result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)
     print(json.dumps(result, indent=2))
 
