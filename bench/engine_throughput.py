@@ -15,7 +15,8 @@ Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same c
 Also, in the same run, the machine's matrix-multiply bound: the rate of the engine's
 own linear layer on a 512-row product (best of several), the workload's linear-layer
 FLOPs (2 x projection weights per prompt and output token, plus the lm_head per output
-token) and so the tokens/s no engine doing that arithmetic in this dtype could beat.
+token) and so the tokens/s the linear layers alone would allow at that rate: an upper
+estimate for this dtype here (decode steps multiply far fewer rows than 512).
 Prints one JSON object.
 """
 
