@@ -48,7 +48,14 @@ def decide(
     return sim, verifier.score(b, a, sim) >= verifier.default_threshold
 
 
-@pytest.mark.parametrize(("kind", "cached", "query"), NEAR_MISSES)
+SWAPS_AND_QUESTION_WORDS = [
+    ("swap", "Why do cats chase dogs?", "Why do dogs chase cats?"),
+    ("swap", "Is tea healthier than coffee?", "Is coffee healthier than tea?"),
+    ("question_word", "Why did the Roman Empire fall?", "When did the Roman Empire fall?"),
+]
+
+
+@pytest.mark.parametrize(("kind", "cached", "query"), NEAR_MISSES + SWAPS_AND_QUESTION_WORDS)
 def test_near_misses_are_rejected(
     embedder: SentenceTransformerEmbedder,
     verifier: LogisticVerifier,
@@ -162,23 +169,3 @@ def test_parse_cache_is_bounded_and_changes_no_score(verifier: LogisticVerifier)
     assert uncached.parse(texts[0]) is not uncached.parse(texts[0])
     with pytest.raises(ValueError):
         LogisticVerifier(verifier.weights, parse_cache_size=-1)
-
-
-SWAPS_AND_QUESTION_WORDS = [
-    ("swap", "Why do cats chase dogs?", "Why do dogs chase cats?"),
-    ("swap", "Is tea healthier than coffee?", "Is coffee healthier than tea?"),
-    ("question_word", "Why did the Roman Empire fall?", "When did the Roman Empire fall?"),
-]
-
-
-@pytest.mark.parametrize(("kind", "cached", "query"), SWAPS_AND_QUESTION_WORDS)
-def test_swapped_roles_and_other_questions_are_rejected(
-    embedder: SentenceTransformerEmbedder,
-    verifier: LogisticVerifier,
-    kind: str,
-    cached: str,
-    query: str,
-) -> None:
-    sim, accepted = decide(embedder, verifier, cached, query)
-    assert sim > 0.75, f"{kind}: not a near miss for the embedder (sim {sim:.2f})"
-    assert not accepted, f"{kind}: accepted {query!r} for {cached!r} (sim {sim:.2f})"

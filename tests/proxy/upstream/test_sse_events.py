@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from engine.serving.sse import aiter_byte_lines, aiter_sse_data
-from proxy.upstream.http import _SseEvents
+from proxy.upstream.sse_events import SseEvents
 
 STREAM = (
     ": keep-alive comment\r\n"
@@ -46,7 +46,7 @@ async def _reference(stream: bytes = STREAM) -> list[str]:
 
 
 def _split(step: int, stream: bytes = STREAM) -> list[str]:
-    events = _SseEvents()
+    events = SseEvents()
     out: list[str] = []
     for i in range(0, len(stream), step):
         out += events.feed(stream[i:i + step])
@@ -70,6 +70,6 @@ def test_plain_streams_match_the_line_reader_for_every_chunk_size() -> None:
         got = _split(step, PLAIN_STREAM)
         assert got[:6] == expected, step
         assert got[6:] == ["trailing without blank line"], step
-    events = _SseEvents()  # several whole events in one chunk, then a split one
+    events = SseEvents()  # several whole events in one chunk, then a split one
     assert events.feed(b"data: 1\n\ndata: 2\n\ndata: 3") == ["1", "2"]
     assert events.feed(b"3\n\n") == ["33"]
