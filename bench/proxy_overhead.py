@@ -13,8 +13,9 @@ LiteLLM proxy in front of the same upstream (``gateway_peers.py``; installed by
     latency:    sequential requests: for kvtoll and for each peer a block in which its
                 calls alternate with direct ones; added = through the gateway - direct
                 at p50 and p99 within the block (the upstream's latency cancels)
-    throughput: closed loop with --concurrency clients for --seconds, through each
-                gateway and directly; every process shares this machine's cores
+    throughput: closed loop with --concurrency clients (the lean keep-alive client of
+                ``semantic_load.py``) for --seconds, through each gateway and directly;
+                every process shares this machine's cores
 
     python bench/proxy_overhead.py [--requests 400] [--rounds 3] [--upstream-ms 5]
         [--concurrency 32] [--seconds 8] [--warmup 50] [--peers portkey,litellm|none]
@@ -49,6 +50,7 @@ from typing import Any
 
 import gateway_peers
 import httpx
+import semantic_load
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fixed-latency"
@@ -259,25 +261,12 @@ def _p99(values: list[float]) -> float:
 
 
 async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict[str, Any]:
-    done = errors = 0
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        stop_at = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done, errors
-            while time.perf_counter() < stop_at:
-                response = await client.post(target.url + "/v1/chat/completions", json=BODY,
-                                             headers=target.headers)
-                if response.status_code == 200:
-                    done += 1
-                else:
-                    errors += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return {"requests_per_s": round(done / elapsed, 1), "errors": errors}
+    """Requests/s through ``target`` with the lean keep-alive client of
+    ``semantic_load.py`` (httpx's AsyncClient would be the bottleneck on these cores)."""
+    counts, elapsed = await semantic_load.closed_loop(
+        target.url, target.headers, lambda n: BODY, concurrency, seconds)
+    done = counts.semantic + counts.other
+    return {"requests_per_s": round(done / elapsed, 1), "errors": counts.errors}
 
 
 def ledger_rows(database_url: str) -> int:
