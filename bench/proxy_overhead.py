@@ -260,13 +260,17 @@ def _p99(values: list[float]) -> float:
     return percentile(values, 0.99)
 
 
-async def _closed_loop(target: Target, concurrency: int, seconds: float) -> dict[str, Any]:
+def closed_loop(target: Target, concurrency: int, seconds: float) -> dict[str, Any]:
     """Requests/s through ``target`` with the lean keep-alive client of
-    ``semantic_load.py`` (httpx's AsyncClient would be the bottleneck on these cores)."""
-    counts, elapsed = await semantic_load.closed_loop(
-        target.url, target.headers, lambda n: BODY, concurrency, seconds)
+    ``semantic_load.py`` (httpx's AsyncClient would be the bottleneck on these cores),
+    and the CPU ms per request of the target's process tree meanwhile."""
+    before = gateway_peers.process_tree_cpu_seconds(target.pid)
+    counts, elapsed = asyncio.run(semantic_load.closed_loop(
+        target.url, target.headers, lambda n: BODY, concurrency, seconds))
+    cpu = gateway_peers.process_tree_cpu_seconds(target.pid) - before
     done = counts.semantic + counts.other
-    return {"requests_per_s": round(done / elapsed, 1), "errors": counts.errors}
+    return {"requests_per_s": round(done / elapsed, 1), "errors": counts.errors,
+            "cpu_ms_per_request": round(cpu * 1000 / done, 3) if done else None}
 
 
 def ledger_rows(database_url: str) -> int:
@@ -372,8 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets = [direct, kvtoll, *peers]
         rounds = [measure_latency(targets, args.requests, args.warmup)
                   for _ in range(args.rounds)]
-        throughput = {t.name: asyncio.run(_closed_loop(t, args.concurrency, args.seconds))
-                      for t in targets}
+        throughput = {t.name: closed_loop(t, args.concurrency, args.seconds) for t in targets}
     finally:
         for proc in procs:
             proc.terminate()
