@@ -105,25 +105,31 @@ def litellm(port: int, upstream_url: str, work_dir: Path) -> PeerLaunch | str:
 LAUNCHERS = {"portkey": portkey, "litellm": litellm}
 
 
-def process_tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and of every live descendant (a peer may
-    run its server in a child process)."""
+def _stat(pid: str) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a process, None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu_seconds(pid: int, *, descendants: bool = True) -> float:
+    """User + system CPU seconds of ``pid`` and (unless ``descendants`` is False) of every
+    live descendant: a peer may run its server in a child process. One read of /proc."""
+    if not descendants:
+        stat = _stat(str(pid))
+        return 0.0 if stat is None else stat[1]
     children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+            cpu[int(entry)] = stat[1]
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total += cpu.get(current, 0.0)
         todo.extend(children.get(current, []))
     return total

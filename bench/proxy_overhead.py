@@ -1,7 +1,7 @@
 """The gateway's added latency and throughput over calling the same upstream directly,
 beside the peer gateways the issue names, in the same run.
 
-A fixed-latency OpenAI-compatible upstream (a raw ASGI app started by this script:
+A fixed-latency OpenAI-compatible upstream (``fixed_upstream.py``, started by this script:
 ``--upstream-ms`` of sleep, then a short chat completion, streamed or whole) runs in
 its own process; the gateway runs in another (uvicorn configured as ``kvtoll serve``
 does, :func:`proxy.server.server_config`; the real ``create_app`` with key auth and
@@ -43,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,71 +50,9 @@ from typing import Any
 import gateway_peers
 import httpx
 import semantic_load
+from fixed_upstream import MODEL, serve_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "fixed-latency"
-ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
-ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-# ---------------------------------------------------------------- the fixed upstream
-def _completion(stream: bool) -> list[bytes]:
-    meta = {"id": "chatcmpl-bench", "created": 0, "model": MODEL}
-    usage = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16,
-             "prompt_tokens_details": {"cached_tokens": 0}}
-    if not stream:
-        body = {**meta, "object": "chat.completion", "usage": usage, "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "one two three four"},
-             "finish_reason": "stop", "logprobs": None}]}
-        return [json.dumps(body).encode()]
-    frames = []
-    words = ["one", " two", " three", " four"]
-    for i, word in enumerate(words):
-        choice = {"index": 0, "delta": {"content": word}, "logprobs": None,
-                  "finish_reason": "stop" if i == len(words) - 1 else None}
-        chunk = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
-        frames.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-    last = {**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage}
-    frames.append(b"data: " + json.dumps(last).encode() + b"\n\n")
-    frames.append(b"data: [DONE]\n\n")
-    return frames
-
-
-def make_upstream(latency_s: float) -> Callable[..., Awaitable[None]]:
-    """A raw ASGI app: /healthz, /v1/models and a fixed chat completion."""
-    whole, streamed = _completion(False), _completion(True)
-    models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
-
-    async def app(scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        path = scope["path"]
-        if path != "/v1/chat/completions":
-            payload = models if path == "/v1/models" else b'{"status":"ok"}'
-            await _send(send, [payload], "application/json")
-            return
-        await asyncio.sleep(latency_s)
-        stream = b'"stream":true' in body.replace(b" ", b"")
-        await _send(send, streamed if stream else whole,
-                    "text/event-stream" if stream else "application/json")
-
-    return app
-
-
-async def _send(send: ASGISend, parts: list[bytes], content_type: str) -> None:
-    headers = [(b"content-type", content_type.encode())]
-    if len(parts) == 1:
-        headers.append((b"content-length", str(len(parts[0])).encode()))
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    for i, part in enumerate(parts):
-        await send({"type": "http.response.body", "body": part,
-                    "more_body": i < len(parts) - 1})
 
 
 # ---------------------------------------------------------------- the gateway process
@@ -150,13 +87,6 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
     app = create_app(settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
                      session_factory=session_factory(make_engine(database_url)), models=[MODEL])
     uvicorn.Server(server_config(app, host="127.0.0.1", port=port, log_level="warning")).run()
-
-
-def serve_upstream(latency_ms: float, port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(make_upstream(latency_ms / 1000), host="127.0.0.1", port=port,
-                log_level="warning", access_log=False, lifespan="off")
 
 
 # ---------------------------------------------------------------- the client side
@@ -208,8 +138,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return gateway_peers.process_tree_cpu_seconds(pid, descendants=False)
 
 
 def _timed_block(client: httpx.Client, pair: tuple[Target, Target], requests: int,

@@ -1,6 +1,6 @@
 """Semantic hits per second through the HTTP API (the full gateway app).
 
-Processes (all on this machine): the fixed-latency upstream of ``proxy_overhead.py``
+Processes (all on this machine): the fixed-latency upstream (``fixed_upstream.py``)
 and the gateway (uvicorn, the real ``create_app`` with key auth, metering on SQLite
 and the semantic cache: MiniLM + FAISS + verifier, in-process store). The client
 first asks ``--questions`` distinct questions (misses, answered upstream and stored),
