@@ -17,8 +17,13 @@ from engine.loader.gguf_loader import unpermute
 
 pytestmark = pytest.mark.slow
 HFGreedy = Callable[[list[int], int], list[int]]
-MAX_NEW = 6
-QUESTIONS = ("What is the capital of France?", "Name three colours of the rainbow, please.")
+MAX_NEW = 16
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three colours of the rainbow, please.",
+    "How do I reverse a list in Python?",
+    "Why is the sky blue?",
+)
 
 
 def _greedy(

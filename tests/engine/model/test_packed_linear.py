@@ -1,4 +1,5 @@
-"""MKL-packed linear layers: same results and state as nn.Linear, refusals, packing."""
+"""Packed linear layers (oneDNN and MKL): same results and state as nn.Linear,
+batch invariance, refusals, packing."""
 
 from __future__ import annotations
 
@@ -8,56 +9,105 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.factory import load_model
-from engine.model.packed_linear import PackedLinear, mkl_packing_available, pack_linears
+from engine.model.packed_linear import (
+    PackedLinear,
+    PackKind,
+    best_packing,
+    mkl_packing_available,
+    onednn_packing_available,
+    pack_linears,
+)
 
-pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="torch built without MKL")
+KINDS = [
+    pytest.param("onednn", marks=pytest.mark.skipif(
+        not onednn_packing_available(), reason="torch built without oneDNN")),
+    pytest.param("mkl", marks=pytest.mark.skipif(
+        not mkl_packing_available(), reason="torch built without MKL")),
+]
 
 
+def _linear(in_features: int, out_features: int, bias: bool, seed: int) -> nn.Linear:
+    gen = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=gen))
+        if bias:
+            linear.bias.copy_(torch.randn(out_features, generator=gen))
+    return linear
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 7, 64, 65, 513])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_nn_linear_for_any_row_count(rows: int, bias: bool) -> None:
-    gen = torch.Generator().manual_seed(rows)
-    linear = nn.Linear(96, 160, bias=bias)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(160, 96, generator=gen))
-        if bias:
-            linear.bias.copy_(torch.randn(160, generator=gen))
-    packed = PackedLinear.from_linear(linear)
-    x = torch.randn(rows, 96, generator=gen)
+def test_matches_nn_linear_for_any_row_count(kind: PackKind, rows: int, bias: bool) -> None:
+    linear = _linear(96, 160, bias, rows)
+    packed = PackedLinear.from_linear(linear, kind)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows + 1))
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-4)
         x3 = x.view(1, rows, 96)
         assert packed(x3).shape == (1, rows, 160)
 
 
-def test_shares_parameters_and_state_dict() -> None:
+def test_onednn_rows_do_not_depend_on_their_batch() -> None:
+    """Bit-identical rows whatever else is multiplied with them: a request's logits are
+    the same alone, batched and prefix-cached."""
+    if not onednn_packing_available():
+        pytest.skip("torch built without oneDNN")
+    packed = PackedLinear.from_linear(_linear(576, 1536, False, 3), "onednn")
+    x = torch.randn(300, 576, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        full = packed(x)
+        for rows in (1, 2, 7, 8, 33, 64, 100):
+            assert torch.equal(packed(x[:rows].contiguous()), full[:rows]), rows
+            assert torch.equal(packed(x[-rows:].contiguous()), full[-rows:]), rows
+
+
+def test_mkl_packing_equals_f_linear_bit_for_bit() -> None:
+    if not mkl_packing_available():
+        pytest.skip("torch built without MKL")
+    linear = _linear(576, 192, False, 5)
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        assert torch.equal(PackedLinear.from_linear(linear, "mkl")(x), linear(x))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shares_parameters_and_state_dict(kind: PackKind) -> None:
     linear = nn.Linear(32, 48, bias=False)
-    packed = PackedLinear.from_linear(linear)
+    packed = PackedLinear.from_linear(linear, kind)
     assert packed.weight is linear.weight
     assert list(packed.state_dict()) == ["weight"]  # the packed copy is not saved
+    assert f"packed={kind}" in repr(packed)
 
 
-def test_autograd_falls_back_to_the_plain_product() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_autograd_falls_back_to_the_plain_product(kind: PackKind) -> None:
     linear = nn.Linear(16, 8)
-    packed = PackedLinear.from_linear(linear)
+    packed = PackedLinear.from_linear(linear, kind)
     x = torch.randn(3, 16, requires_grad=True)
     packed(x).sum().backward()
     assert x.grad is not None and linear.weight.grad is not None
 
 
-def test_only_float32_cpu_weights_are_packed() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_float32_cpu_weights_are_packed(kind: PackKind) -> None:
     with pytest.raises(ValueError, match="float32 CPU"):
-        PackedLinear.from_linear(nn.Linear(8, 8).to(torch.bfloat16))
+        PackedLinear.from_linear(nn.Linear(8, 8).to(torch.bfloat16), kind)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16))
-    assert pack_linears(model) == 1
+    assert pack_linears(model, kind) == 1
     assert isinstance(model[0], PackedLinear) and type(model[1]) is nn.Linear
 
 
 def test_float32_cpu_engine_models_are_packed_with_tied_embeddings() -> None:
+    kind = best_packing()
+    if kind is None:
+        pytest.skip("torch built without oneDNN and MKL")
+    assert kind == ("onednn" if onednn_packing_available() else "mkl")
     loaded = load_model(EngineConfig.tiny())
     model = loaded.model
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(isinstance(m, PackedLinear) for m in linears)
+    assert linears and all(isinstance(m, PackedLinear) and m.kind == kind for m in linears)
     if model.config.tie_word_embeddings:
         assert model.lm_head.weight is model.model.embed_tokens.weight
     assert not any(isinstance(m, PackedLinear)
