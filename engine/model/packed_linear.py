@@ -54,9 +54,11 @@ _ROWS_HINT = 64
 def onednn_packing_available() -> bool:
     """Whether this torch build has oneDNN and its packed linear ops."""
     ops = torch.ops.mkldnn
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(
-        ops, "_reorder_linear_weight"
-    ) and hasattr(ops, "_linear_pointwise")
+    return (
+        bool(torch.backends.mkldnn.is_available())
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
 
 
 def mkl_packing_available() -> bool:
@@ -113,8 +115,9 @@ class PackedLinear(nn.Linear):
         if self.kind == "onednn":
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         else:
-            out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias,
-                                            rows.shape[0])
+            out = torch.ops.mkl._mkl_linear(
+                rows, self.packed, self.weight, self.bias, rows.shape[0]
+            )
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -127,8 +130,11 @@ def pack_linears(model: nn.Module, kind: PackKind) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 \
-                    and child.weight.device.type == "cpu":
+            if (
+                type(child) is nn.Linear
+                and child.weight.dtype == torch.float32
+                and child.weight.device.type == "cpu"
+            ):
                 setattr(parent, name, PackedLinear.from_linear(child, kind))
                 replaced += 1
     return replaced

@@ -19,10 +19,16 @@ from engine.model.packed_linear import (
 )
 
 KINDS = [
-    pytest.param("onednn", marks=pytest.mark.skipif(
-        not onednn_packing_available(), reason="torch built without oneDNN")),
-    pytest.param("mkl", marks=pytest.mark.skipif(
-        not mkl_packing_available(), reason="torch built without MKL")),
+    pytest.param(
+        "onednn",
+        marks=pytest.mark.skipif(
+            not onednn_packing_available(), reason="torch built without oneDNN"
+        ),
+    ),
+    pytest.param(
+        "mkl",
+        marks=pytest.mark.skipif(not mkl_packing_available(), reason="torch built without MKL"),
+    ),
 ]
 
 
@@ -110,5 +116,7 @@ def test_float32_cpu_engine_models_are_packed_with_tied_embeddings() -> None:
     assert linears and all(isinstance(m, PackedLinear) and m.kind == kind for m in linears)
     if model.config.tie_word_embeddings:
         assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert not any(isinstance(m, PackedLinear)
-                   for m in load_model(EngineConfig.tiny(dtype="bfloat16")).model.modules())
+    assert not any(
+        isinstance(m, PackedLinear)
+        for m in load_model(EngineConfig.tiny(dtype="bfloat16")).model.modules()
+    )
