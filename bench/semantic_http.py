@@ -51,7 +51,13 @@ REWORDINGS = [
 
 
 def serve_gateway(
-    upstream_url: str, database_url: str, data_dir: str, port: int, embed_memo: int
+    upstream_url: str,
+    database_url: str,
+    data_dir: str,
+    port: int,
+    embed_memo: int,
+    embed_workers: int,
+    embed_threads: int,
 ) -> None:
     import uvicorn
 
@@ -71,7 +77,13 @@ def serve_gateway(
         admin_token="bench-admin-token-0123456789", secret="bench-secret",
     )  # fmt: skip
     # embed_memo=0: every lookup embeds its text (no reuse of a repeated query's vector).
-    cache = build_semantic_cache(None, config=SemanticConfig(embed_memo_size=embed_memo))
+    # embed_threads=0: each embedding worker uses torch's process-wide thread count.
+    config = SemanticConfig(
+        embed_memo_size=embed_memo,
+        embed_workers=embed_workers,
+        embed_threads_per_worker=embed_threads or None,
+    )
+    cache = build_semantic_cache(None, config=config)
     app = create_app(
         settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
         session_factory=session_factory(make_engine(database_url)), models=[po.MODEL],
@@ -194,6 +206,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 str(tmp / "data"),
                 str(gw_port),
                 str(args.embed_memo),
+                str(args.embed_workers),
+                str(args.embed_threads),
             )
         )
         po.wait_ready(proxied, procs[1], timeout_s=300)
@@ -211,6 +225,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "questions_stored": warmed,
         "embed_memo": args.embed_memo,
+        "embed_workers": args.embed_workers,
+        "embed_threads_per_worker": args.embed_threads or "torch default",
         "concurrency": args.concurrency,
         "client": args.client,
         "seconds": args.seconds,
@@ -225,7 +241,9 @@ def main() -> None:
         po.serve_upstream(float(sys.argv[2]), int(sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
-        serve_gateway(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        upstream, database, data_dir = sys.argv[2:5]
+        port, memo, workers, threads = (int(a) for a in sys.argv[5:9])
+        serve_gateway(upstream, database, data_dir, port, memo, workers, threads)
         return
     from proxy.semantic.service import SemanticConfig
 
@@ -246,6 +264,20 @@ def main() -> None:
         default=0,
         help="per-tenant embedding memo size; default 0 = every lookup embeds "
         f"(the product default is {SemanticConfig().embed_memo_size})",
+    )
+    defaults = SemanticConfig()
+    parser.add_argument(
+        "--embed-workers",
+        type=int,
+        default=defaults.embed_workers,
+        help="embedding worker threads (product default %(default)s)",
+    )
+    parser.add_argument(
+        "--embed-threads",
+        type=int,
+        default=defaults.embed_threads_per_worker or 0,
+        help="torch intra-op threads per embedding worker; 0 = torch's process-wide "
+        "setting (product default %(default)s)",
     )
     print(json.dumps(run(parser.parse_args())))
 

@@ -9,15 +9,20 @@ which computes the same vectors with about half the Python overhead. Vectors are
 float32 and L2-normalised, so an inner product is a cosine similarity.
 
 :class:`MicroBatcher` turns many concurrent ``await embed_one(text)`` calls into
-few model calls on one worker thread: texts that arrive while a batch runs go
-together as the next batch (up to ``max_batch``); an idle worker starts at once
-(``max_wait_ms=0``, the default) or after waiting that long for company.
+few model calls on ``workers`` threads: texts that arrive while every worker is busy
+go together as the next batch (up to ``max_batch``); an idle worker starts at once
+(``max_wait_ms=0``, the default) or after waiting that long for company. Each worker
+runs torch ops on ``threads_per_worker`` intra-op threads (default 1, see
+:mod:`proxy.semantic.omp_threads`: one thread per batch spends about half the CPU per
+text of two). The embedder's ``embed`` is then called from several threads at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,6 +95,10 @@ class SentenceTransformerEmbedder:
             self._traced = _trace(bert, self._tokenizer)
         self._dim = int(bert.config.hidden_size)
         self._torch = torch
+        # The fast tokenizer sets its padding/truncation state on each call: calls from
+        # several batcher threads at once may fail ("Already borrowed"). The model's
+        # forward is safe to run concurrently.
+        self._tokenizer_lock = threading.Lock()
         if self._spec.torch_threads is not None:
             torch.set_num_threads(self._spec.torch_threads)
 
@@ -106,13 +115,14 @@ class SentenceTransformerEmbedder:
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
         torch = self._torch
-        enc = self._tokenizer(
-            list(texts),
-            padding=True,
-            truncation=True,
-            max_length=self._spec.max_length,
-            return_tensors="pt",
-        )
+        with self._tokenizer_lock:
+            enc = self._tokenizer(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=self._spec.max_length,
+                return_tensors="pt",
+            )
         with torch.inference_mode():
             if self._traced is not None:
                 hidden = self._traced(enc["input_ids"], enc["attention_mask"])
@@ -176,6 +186,12 @@ def _quantize(module: Any) -> Any:
         return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
 
 
+def _limit_worker_threads(num_threads: int) -> None:
+    from proxy.semantic.omp_threads import limit_this_thread
+
+    limit_this_thread(num_threads)
+
+
 @dataclass
 class _Pending:
     text: str
@@ -183,29 +199,49 @@ class _Pending:
 
 
 class MicroBatcher:
-    """Batches concurrent ``embed_one`` calls into one model call on a worker thread.
+    """Batches concurrent ``embed_one`` calls into few model calls on worker threads.
 
-    One batch runs at a time. Texts arriving while a batch runs queue up and go
-    together as the next batch the moment it finishes, so under load batches grow
-    towards ``max_batch`` instead of many small batches queueing behind each other. A
-    text arriving while the worker is idle starts a batch on the next event-loop turn
-    (with whatever arrived in the same turn) when ``max_wait_ms`` is 0, else after
-    waiting at most ``max_wait_ms`` for company: a lone lookup pays that wait in full.
+    At most ``workers`` batches run at a time. Texts arriving while every worker is busy
+    queue up and go together as the next batch the moment a worker frees, so under load
+    batches grow towards ``max_batch`` instead of many small batches queueing behind
+    each other. A text arriving while a worker is idle starts a batch on the next
+    event-loop turn (with whatever arrived in the same turn) when ``max_wait_ms`` is 0,
+    else after waiting at most ``max_wait_ms`` for company: a lone lookup pays that
+    wait in full. ``threads_per_worker`` limits torch's intra-op threads in each worker
+    (``None``: torch's process-wide setting).
     """
 
-    def __init__(self, embedder: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        max_batch: int = 32,
+        max_wait_ms: float = 0.0,
+        *,
+        workers: int = 1,
+        threads_per_worker: int | None = None,
+    ) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
+        if workers < 1 or (threads_per_worker is not None and threads_per_worker < 1):
+            raise ValueError("workers and threads_per_worker must be >= 1")
         self._embedder = embedder
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000.0
+        self._workers = workers
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._busy = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtoll-embed")
+        self._running = 0  # batches handed to the workers and not finished
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="kvtoll-embed",
+            initializer=None
+            if threads_per_worker is None
+            else functools.partial(_limit_worker_threads, threads_per_worker),
+        )
         self.num_batches = 0
         self.num_texts = 0
+        self.max_running = 0  # the most batches seen running at once
 
     @property
     def embedder(self) -> Embedder:
@@ -233,12 +269,13 @@ class MicroBatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._busy:
-            return  # picked up when the running batch finishes
-        batch = self._pending[: self._max_batch]
-        self._pending = self._pending[self._max_batch :]
-        if batch:
-            self._busy = True
+        while self._pending and self._running < self._workers:
+            # What is waiting is shared evenly among the idle workers (up to max_batch).
+            share = -(-len(self._pending) // (self._workers - self._running))
+            size = min(self._max_batch, share)
+            batch, self._pending = self._pending[:size], self._pending[size:]
+            self._running += 1
+            self.max_running = max(self.max_running, self._running)
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -254,7 +291,7 @@ class MicroBatcher:
                     p.future.set_exception(exc)
             return
         finally:
-            self._busy = False
+            self._running -= 1
             if self._pending:
                 self._flush()
         self.num_batches += 1

@@ -54,5 +54,9 @@ def build_semantic_cache(
         verifier=LogisticVerifier(load_weights()),
         config=config,
         index_factory=lambda dim: FaissIndex(dim, index_cfg),
-        batcher=MicroBatcher(embedder),
+        batcher=MicroBatcher(
+            embedder,
+            workers=config.embed_workers,
+            threads_per_worker=config.embed_threads_per_worker,
+        ),
     )

@@ -48,6 +48,9 @@ class SemanticConfig:
     allow_tool_calls: bool = False
     default_temperature: float = 1.0  # what an absent temperature means
     embed_memo_size: int = 2048  # per-(tenant, text) embeddings kept between lookup and store
+    # Embedding threads and torch intra-op threads in each (proxy.semantic.embedder).
+    embed_workers: int = 2
+    embed_threads_per_worker: int | None = 1
     sync_block_ms: int = 1000
     sweep_interval_s: float = 60.0
 
@@ -66,10 +69,14 @@ class SemanticCache:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._embedder = embedder
-        self._batcher = batcher or MicroBatcher(embedder)
+        self._config = config or SemanticConfig()
+        self._batcher = batcher or MicroBatcher(
+            embedder,
+            workers=self._config.embed_workers,
+            threads_per_worker=self._config.embed_threads_per_worker,
+        )
         self._store = store
         self._verifier = verifier
-        self._config = config or SemanticConfig()
         self._index_factory: IndexFactory = index_factory or FaissIndex
         self._clock = clock
         self._mirror = Mirror(embedder.dim, self._index_factory)

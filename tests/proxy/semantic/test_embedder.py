@@ -3,6 +3,8 @@ trained on eager vectors), for single queries and padded batches alike."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
@@ -23,3 +25,34 @@ def test_traced_vectors_equal_eager_vectors(embedder: SentenceTransformerEmbedde
     batch = embedder.embed(TEXTS)  # one padded batch
     np.testing.assert_allclose(batch, eager.embed(TEXTS), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+
+
+def test_concurrent_calls_from_limited_worker_threads(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """The batcher's workers call ``embed`` at once, each on one intra-op thread: no
+    call fails (the tokenizer is shared) and each gets the vectors of a lone call."""
+    from proxy.semantic.omp_threads import limit_this_thread
+
+    expected = [embedder.embed([t]) for t in TEXTS]
+    errors: list[BaseException] = []
+    results: list[tuple[int, np.ndarray]] = []
+
+    def worker(offset: int) -> None:
+        limit_this_thread(1)
+        try:
+            for n in range(12):
+                i = (n + offset) % len(TEXTS)
+                results.append((i, embedder.embed([TEXTS[i]])))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 36
+    for i, vector in results:
+        np.testing.assert_allclose(vector, expected[i], atol=1e-5)

@@ -64,3 +64,27 @@ async def test_an_idle_worker_starts_at_once_with_texts_of_the_same_turn() -> No
     with pytest.raises(ValueError):
         MicroBatcher(model, max_wait_ms=-1)
     batcher.close()
+
+
+@pytest.mark.anyio
+async def test_two_workers_run_two_batches_and_share_what_waits_evenly() -> None:
+    model = GatedEmbedder()
+    batcher = MicroBatcher(model, max_batch=8, workers=2)
+    same_turn = [asyncio.create_task(batcher.embed_one(t)) for t in "abcdef"]
+    while len(model.batches) < 2:  # both workers busy (blocked in the model)
+        await asyncio.sleep(0.001)
+    assert sorted(len(b) for b in model.batches) == [3, 3]  # shared, not 6 + 0
+    assert batcher.max_running == 2
+    queued = [asyncio.create_task(batcher.embed_one("x" * n)) for n in range(1, 5)]
+    for _ in range(20):
+        await asyncio.sleep(0.001)
+    assert len(model.batches) == 2 and batcher.num_waiting == 4  # no third batch
+    model.release.set()
+    vectors = await asyncio.gather(*same_turn, *queued)
+    assert [float(v[0]) for v in vectors] == [1.0] * 6 + [1.0, 2.0, 3.0, 4.0]
+    assert sum(len(b) for b in model.batches) == 10 and batcher.max_running == 2
+    with pytest.raises(ValueError):
+        MicroBatcher(model, workers=0)
+    with pytest.raises(ValueError):
+        MicroBatcher(model, threads_per_worker=0)
+    batcher.close()
