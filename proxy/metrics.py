@@ -43,6 +43,7 @@ class ProxyMetrics:
     outbox_depth: Gauge
     ledger_failures: Counter
     upstream_healthy: Gauge
+    cache_stores_shed: Counter
     _totals: _Totals = field(default_factory=_Totals)
     # labelled children by (metric id, labels): ``labels()`` validates and locks on
     # every call, and the request path updates eight of them
@@ -97,6 +98,12 @@ class ProxyMetrics:
             upstream_healthy=Gauge(
                 "kvtoll_upstream_healthy", "1 if the upstream passed its last health check",
                 ["upstream"], registry=reg,
+            ),
+            cache_stores_shed=Counter(
+                "kvtoll_semantic_stores_shed",
+                "Complete answers not offered to the semantic cache because too many "
+                "stores were already waiting to be embedded",
+                registry=reg,
             ),
         )
 

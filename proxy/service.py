@@ -352,6 +352,9 @@ class Gateway:
         if (self._semantic is None or flight.query is None or flight.prep.no_store
                 or not flight.tally.all_stopped()):
             return
+        if len(self._background) >= self._config.max_pending_cache_stores:
+            self._metrics.cache_stores_shed.inc()  # the answer was served; only not cached
+            return
         answer = answer_of(flight.tally, flight.prep.admitted.prompt_tokens)
         task = asyncio.create_task(self._store(flight.query, answer))
         self._background.add(task)

@@ -3,6 +3,9 @@ failures metered once, semantic-cache and router hooks called as documented, met
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Sequence
 
 import httpx
@@ -11,6 +14,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus, ServedBy
+from proxy.config import ProxyConfig
 from proxy.hooks import SemanticAnswer, SemanticHit, SemanticQuery
 from proxy.settings import Settings
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
@@ -137,6 +141,45 @@ def test_semantic_hook_hit_miss_and_cache_control(
     assert semantic_rows[0].billed_pico == semantic_rows[0].list_pico // 10
     assert 'kvtoll_cache_hit_ratio{layer="semantic"} 0.5' in metrics
     assert 'kvtoll_tokens_total{kind="completion",layer="semantic"} 10.0' in metrics
+
+
+class StalledSemantic(FakeSemantic):
+    """A semantic cache whose stores wait until released (embedding falling behind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.started = 0
+
+    async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
+        self.started += 1
+        while not self.release.is_set():
+            await asyncio.sleep(0.005)
+        await super().store(query, answer)
+
+
+def test_stores_beyond_the_pending_cap_are_shed_and_the_answers_still_served(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    semantic, upstream = StalledSemantic(), ScriptedUpstream()
+    app = build_app(settings, db, upstreams=[upstream], semantic=semantic,
+                    config=ProxyConfig(max_pending_cache_stores=2))
+    with LiveServer(app) as server:
+        try:
+            for n in range(5):
+                body = {**BODY, "messages": [{"role": "user", "content": f"question {n}"}]}
+                assert _post(server, tenants.key_a, body).status_code == 200
+            metrics = httpx.get(server.url + "/metrics").text
+            assert semantic.started == 2 and not semantic.answers
+            assert "kvtoll_semantic_stores_shed_total 3.0" in metrics
+        finally:
+            semantic.release.set()
+        for _ in range(200):  # the two waiting stores complete once released
+            if len(semantic.answers) == 2:
+                break
+            time.sleep(0.01)
+        assert len(semantic.answers) == 2
+    assert len(settled_rows(db, 5)) == 5  # every answer metered once
 
 
 class RecordingRouter:
