@@ -39,10 +39,10 @@ from billing.models import RequestStatus, ServedBy, TenantId
 from engine.api import Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from engine.serving.errors import SERVER_ERROR, OpenAIError
+from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
 from proxy.hooks import (
     RouterHook,
-    SemanticAnswer,
     SemanticCacheHook,
     SemanticHit,
     SemanticQuery,
@@ -145,7 +145,8 @@ class Gateway:
         self._tokenizer = tokenizer
         self._semantic = semantic
         self._router = router
-        self._background: set[asyncio.Task[None]] = set()
+        self._stores = None if semantic is None else BackgroundStores(
+            semantic, config.max_pending_cache_stores, metrics.cache_stores_shed.inc)
         self._salts: dict[TenantId, TenantSalt] = {}
 
     def _salt(self, tenant_id: TenantId) -> TenantSalt:
@@ -349,28 +350,16 @@ class Gateway:
         )
 
     def _maybe_store(self, flight: _Flight) -> None:
-        if (self._semantic is None or flight.query is None or flight.prep.no_store
+        if (self._stores is None or flight.query is None or flight.prep.no_store
                 or not flight.tally.all_stopped()):
             return
-        if len(self._background) >= self._config.max_pending_cache_stores:
-            self._metrics.cache_stores_shed.inc()  # the answer was served; only not cached
-            return
         answer = answer_of(flight.tally, flight.prep.admitted.prompt_tokens)
-        task = asyncio.create_task(self._store(flight.query, answer))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
-        assert self._semantic is not None
-        try:
-            await self._semantic.store(query, answer)
-        except Exception:
-            log.exception("semantic cache store failed")
+        self._stores.offer(flight.query, answer)
 
     async def aclose(self) -> None:
         """Wait for background cache stores to finish."""
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._stores is not None:
+            await self._stores.aclose()
 
 
 def _billable_tokens(flight: _Flight) -> tuple[int, int, int]:

@@ -83,7 +83,7 @@ class PackedLinear(nn.Linear):
     kind: PackKind
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kind: PackKind = "onednn") -> PackedLinear:
+    def from_linear(cls, linear: nn.Linear, kind: PackKind) -> PackedLinear:
         """A packed layer sharing ``linear``'s weight and bias (tied weights stay tied)."""
         if linear.weight.device.type != "cpu" or linear.weight.dtype != torch.float32:
             raise ValueError(

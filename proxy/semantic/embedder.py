@@ -32,6 +32,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from proxy.semantic.omp_threads import limit_this_thread
+
 Vectors = npt.NDArray[np.float32]
 
 
@@ -186,12 +188,6 @@ def _quantize(module: Any) -> Any:
         return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
 
 
-def _limit_worker_threads(num_threads: int) -> None:
-    from proxy.semantic.omp_threads import limit_this_thread
-
-    limit_this_thread(num_threads)
-
-
 @dataclass
 class _Pending:
     text: str
@@ -237,7 +233,7 @@ class MicroBatcher:
             thread_name_prefix="kvtoll-embed",
             initializer=None
             if threads_per_worker is None
-            else functools.partial(_limit_worker_threads, threads_per_worker),
+            else functools.partial(limit_this_thread, threads_per_worker),
         )
         self.num_batches = 0
         self.num_texts = 0

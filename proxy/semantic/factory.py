@@ -11,7 +11,7 @@ Usage in the app factory::
 
 from __future__ import annotations
 
-from proxy.semantic.embedder import EmbedderSpec, MicroBatcher, SentenceTransformerEmbedder
+from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
 from proxy.semantic.index import FaissIndex, IndexConfig
 from proxy.semantic.redis_store import RedisStore
 from proxy.semantic.service import SemanticCache, SemanticConfig
@@ -54,9 +54,4 @@ def build_semantic_cache(
         verifier=LogisticVerifier(load_weights()),
         config=config,
         index_factory=lambda dim: FaissIndex(dim, index_cfg),
-        batcher=MicroBatcher(
-            embedder,
-            workers=config.embed_workers,
-            threads_per_worker=config.embed_threads_per_worker,
-        ),
     )
