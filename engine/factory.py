@@ -96,7 +96,7 @@ def _build_model(
         _init_tiny(model, seed)
     model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
     packing = best_packing()
-    if device == "cpu" and dtype == "float32" and packing is not None:
+    if device == "cpu" and packing is not None:
         pack_linears(model, packing)  # engine.model.packed_linear: its measurements
     return model
 

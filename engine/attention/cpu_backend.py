@@ -1,8 +1,9 @@
 """Paged attention for CPU engines: decode rows through the numba kernel of
 :mod:`engine.kernels.cpu_decode_attention` (K/V read from the block pool in place),
 everything else as in :class:`engine.attention.torch_backend.TorchAttentionBackend`
-(KV write, prefill chunks; and decode too when the cache is not float32, which the
-kernel does not handle).
+(KV write, prefill chunks; and decode too for a cache that is neither float32 nor
+bfloat16, which the kernel does not handle). A bfloat16 model's decode queries are
+widened to float32 for the kernel and its outputs rounded back.
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -16,11 +17,16 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.decode_groups import DEFAULT_GROUP_COST
 from engine.attention.torch_backend import PREFILL_TILE, TorchAttentionBackend
-from engine.kernels.cpu_decode_attention import CpuDecodeKernels, cpu_paged_decode_attention
+from engine.kernels.cpu_decode_attention import (
+    CACHE_DTYPES,
+    CpuDecodeKernels,
+    cpu_paged_decode_attention,
+)
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """The torch backend with decode attention in the CPU paged kernel (float32)."""
+    """The torch backend with decode attention in the CPU paged kernel (float32 and
+    bfloat16 caches)."""
 
     name = "cpu"
 
@@ -45,7 +51,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         scale: float,
         out: torch.Tensor,
     ) -> None:
-        if k_cache.dtype != torch.float32 or q.dtype != torch.float32:
+        if k_cache.dtype not in CACHE_DTYPES or q.dtype not in CACHE_DTYPES:
             super()._decode_rows(q, k_cache, v_cache, meta, qsl, scale, out)
             return
         if self._step_rows is None or self._step_rows[0] is not meta:
@@ -56,8 +62,18 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 torch.tensor(decodes, dtype=torch.int64),
             )
         _, q_rows, seq_ids = self._step_rows
-        if q_rows.numel():
+        if not q_rows.numel():
+            return
+        if q.dtype == torch.float32:
             cpu_paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
                 q_rows=q_rows, seq_ids=seq_ids, out=out, kernels=self._kernels,
-            )
+            )  # fmt: skip
+            return
+        rows = torch.arange(q_rows.numel(), dtype=torch.int64)  # the decode rows alone
+        q32 = q.index_select(0, q_rows).float()
+        out32 = cpu_paged_decode_attention(
+            q32, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
+            q_rows=rows, seq_ids=seq_ids, kernels=self._kernels,
+        )  # fmt: skip
+        out.index_copy_(0, q_rows, out32.to(out.dtype))

@@ -28,7 +28,7 @@ def _dense(
 # decode: a group per length / one group; prefill: 3-row query tiles / one tile.
 # torch: float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls;
 # float32 prefill through SDPA (with a shifted mask over a cached prefix), bfloat16 in
-# tiles. cpu: float32 decodes in the numba kernel, the rest as torch.
+# tiles. cpu: float32 and bfloat16 decodes in the numba kernel, the rest as torch.
 @pytest.mark.parametrize("backend_type", [TorchAttentionBackend, CpuAttentionBackend])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group_cost", "tile"), [(0, 3), (64, 128)])

@@ -53,6 +53,32 @@ def test_decode_matches_reference(
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
 
 
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", CASES)
+def test_bfloat16_cache_matches_reference_on_the_same_values(
+    kernels: CpuDecodeKernels,
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """A bfloat16 cache is read exactly (widened to float32): the result is the float32
+    kernel's on the same (rounded) values, not merely bfloat16-close."""
+    batch = build_paged_batch(
+        [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+        torch.float32, "cpu", seed=7,
+    )  # fmt: skip
+    k16, v16 = batch.k_cache.to(torch.bfloat16), batch.v_cache.to(torch.bfloat16)
+    scale = head_dim**-0.5
+    args = (batch.block_tables, batch.seq_lens, scale)
+    out = cpu_paged_decode_attention(batch.q, k16, v16, *args, kernels=kernels)
+    widened = cpu_paged_decode_attention(batch.q, k16.float(), v16.float(), *args,
+                                         kernels=kernels)  # fmt: skip
+    torch.testing.assert_close(out, widened, atol=0, rtol=0)
+    ref = reference_paged_decode(batch.q, k16.float(), v16.float(), *args)
+    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+
+
 def test_only_the_chosen_rows_are_written(kernels: CpuDecodeKernels) -> None:
     """Decode rows mixed with prefill rows: q_rows pick them, seq_ids their sequences."""
     batch = build_paged_batch([1, 1, 1], [12, 30, 7], 6, 2, 64, 8, torch.float32, "cpu", seed=2)
@@ -91,7 +117,9 @@ def _batch() -> Args:
     "change, message",
     [
         (lambda a: (a[0].double(), *a[1:]), "q: need a contiguous float32"),
-        (lambda a: (a[0], a[1].to(torch.bfloat16), *a[2:]), "k_cache: need a contiguous"),
+        (lambda a: (a[0], a[1].double(), *a[2:]), "k_cache: need a contiguous"),
+        (lambda a: (a[0], a[1].to(torch.bfloat16), *a[2:]), "both caches alike"),
+        (lambda a: (a[0].to(torch.bfloat16), *a[1:]), "q: need a contiguous float32"),
         (lambda a: (a[0].transpose(0, 1).contiguous().transpose(0, 1), *a[1:]), "q: need"),
         (lambda a: (a[0][:, :3].contiguous(), *a[1:]), "query heads over"),
         (lambda a: (*a[:3], a[3].long(), a[4]), "block_tables: need"),

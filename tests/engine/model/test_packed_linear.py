@@ -1,5 +1,5 @@
 """Packed linear layers (oneDNN and MKL): same results and state as nn.Linear,
-batch invariance, refusals, packing."""
+batch invariance, refusals, packing (float32, and bfloat16 where oneDNN can)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from engine.model.packed_linear import (
     PackKind,
     best_packing,
     mkl_packing_available,
+    onednn_bf16_packing_works,
     onednn_packing_available,
     pack_linears,
+    packable_dtypes,
 )
 
 KINDS = [
@@ -97,26 +99,44 @@ def test_autograd_falls_back_to_the_plain_product(kind: PackKind) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_only_float32_cpu_weights_are_packed(kind: PackKind) -> None:
-    with pytest.raises(ValueError, match="float32 CPU"):
-        PackedLinear.from_linear(nn.Linear(8, 8).to(torch.bfloat16), kind)
-    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16))
+def test_unpackable_dtypes_are_refused_and_left_alone(kind: PackKind) -> None:
+    with pytest.raises(ValueError, match="packing needs"):
+        PackedLinear.from_linear(nn.Linear(8, 8).to(torch.float16), kind)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.float16))
     assert pack_linears(model, kind) == 1
     assert isinstance(model[0], PackedLinear) and type(model[1]) is nn.Linear
 
 
-def test_float32_cpu_engine_models_are_packed_with_tied_embeddings() -> None:
+def test_mkl_packs_float32_only() -> None:
+    if not mkl_packing_available():
+        pytest.skip("torch built without MKL")
+    assert packable_dtypes("mkl") == {torch.float32}
+    with pytest.raises(ValueError, match="mkl packing needs float32"):
+        PackedLinear.from_linear(nn.Linear(8, 8).to(torch.bfloat16), "mkl")
+
+
+def test_onednn_bfloat16_packing_equals_f_linear_bit_for_bit() -> None:
+    """Where oneDNN packs bfloat16 here, a bf16 engine's numbers do not change."""
+    if not onednn_bf16_packing_works():
+        pytest.skip("oneDNN cannot pack bfloat16 weights on this CPU")
+    linear = _linear(576, 1536, True, 8).to(torch.bfloat16)
+    packed = PackedLinear.from_linear(linear, "onednn")
+    x = torch.randn(300, 576, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with torch.inference_mode():
+        for rows in (1, 7, 16, 64, 300):
+            assert torch.equal(packed(x[:rows]), linear(x[:rows])), rows
+
+
+def test_cpu_engine_models_are_packed_with_tied_embeddings() -> None:
     kind = best_packing()
     if kind is None:
         pytest.skip("torch built without oneDNN and MKL")
     assert kind == ("onednn" if onednn_packing_available() else "mkl")
-    loaded = load_model(EngineConfig.tiny())
-    model = loaded.model
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(isinstance(m, PackedLinear) and m.kind == kind for m in linears)
-    if model.config.tie_word_embeddings:
-        assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert not any(
-        isinstance(m, PackedLinear)
-        for m in load_model(EngineConfig.tiny(dtype="bfloat16")).model.modules()
-    )
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(EngineConfig.tiny(dtype=dtype)).model
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        packed = [isinstance(m, PackedLinear) and m.kind == kind for m in linears]
+        expected = getattr(torch, dtype) in packable_dtypes(kind)
+        assert linears and all(p == expected for p in packed), dtype
+        if model.config.tie_word_embeddings:
+            assert model.lm_head.weight is model.model.embed_tokens.weight
