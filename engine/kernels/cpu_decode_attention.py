@@ -74,18 +74,13 @@ def _build(
 ) -> tuple[Kernel, Kernel]:
     """The scores and weighted-sum kernels for ``group`` query heads per KV head,
     ``head_dim`` and ``num_kv_heads``, all constants of the compiled code; ``bf16``:
-    the caches hold bfloat16 bit patterns (int16 arrays) instead of float32."""
-    num_heads = group * num_kv_heads
+    the caches hold bfloat16 bit patterns (int16 arrays) instead of float32.
 
-    @numba.njit(inline="always")
-    def load_row(cache, block, t, kv_head, bits, row):  # type: ignore[no-untyped-def]
-        """cache[block, t, kv_head, :] as float32: ``row`` itself (a float32 cache) or
-        ``bits`` viewed as float32 after widening (a bfloat16 cache)."""
-        if bf16:
-            for d in range(head_dim):
-                bits[d] = (np.uint32(cache[block, t, kv_head, d]) & np.uint32(0xFFFF)) << 16
-            return row
-        return cache[block, t, kv_head]
+    The kernels' free variables must stay plain constants: numba's disk cache keys a
+    closure by them, and a jitted helper among them (a different object in every
+    build) made every build a cache miss that compiled anew (~3 s) and wrote another
+    entry."""
+    num_heads = group * num_kv_heads
 
     @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
     def scores_kernel(  # type: ignore[no-untyped-def]  # numba-typed
@@ -106,7 +101,13 @@ def _build(
                 block = block_tables[seq, j]
                 for t in range(min(block_size, length - j * block_size)):
                     for kv_head in range(num_kv_heads):
-                        k_row = load_row(k_cache, block, t, kv_head, bits, widened)
+                        if bf16:  # widened into ``bits``, read as float32 through ``widened``
+                            for d in range(head_dim):
+                                bits[d] = (np.uint32(k_cache[block, t, kv_head, d])
+                                           & np.uint32(0xFFFF)) << 16  # fmt: skip
+                            k_row = widened
+                        else:
+                            k_row = k_cache[block, t, kv_head]
                         for g in range(group):
                             h = kv_head * group + g
                             acc = np.float32(0.0)
@@ -132,7 +133,13 @@ def _build(
                 block = block_tables[seq, j]
                 for t in range(min(block_size, length - j * block_size)):
                     for kv_head in range(num_kv_heads):
-                        v_row = load_row(v_cache, block, t, kv_head, bits, widened)
+                        if bf16:
+                            for d in range(head_dim):
+                                bits[d] = (np.uint32(v_cache[block, t, kv_head, d])
+                                           & np.uint32(0xFFFF)) << 16  # fmt: skip
+                            v_row = widened
+                        else:
+                            v_row = v_cache[block, t, kv_head]
                         for g in range(group):
                             h = kv_head * group + g
                             p = probs[row, h, j * block_size + t]

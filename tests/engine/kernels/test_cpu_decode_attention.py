@@ -144,3 +144,20 @@ def test_out_of_range_rows_are_refused(kernels: CpuDecodeKernels) -> None:
     with pytest.raises(ValueError, match="seq_ids out of range"):
         cpu_paged_decode_attention(q, k, v, tables, lens, 0.25, kernels=kernels,
                                    q_rows=torch.tensor([0, 1]), seq_ids=torch.tensor([0, 2]))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_new_kernel_set_loads_the_compiled_code_from_disk(cache_dtype: torch.dtype) -> None:
+    """Every engine builds its own kernel set; the second of a shape must be a disk-cache
+    hit, not another compile (a jitted helper among the closures' free variables once
+    made every build compile anew, ~3 s, and add a cache entry)."""
+    batch = build_paged_batch([1, 1], [9, 20], 6, 2, 32, 8, torch.float32, "cpu", seed=11)
+    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    sets = [CpuDecodeKernels(), CpuDecodeKernels()]
+    for kernels in sets:
+        cpu_paged_decode_attention(batch.q, k, v, batch.block_tables, batch.seq_lens, 0.2,
+                                   kernels=kernels)  # fmt: skip
+    for kernel in sets[1].get(3, 32, 2, cache_dtype == torch.bfloat16):
+        stats = kernel.stats
+        assert sum(stats.cache_misses.values()) == 0, stats
+        assert sum(stats.cache_hits.values()) >= 1, stats
