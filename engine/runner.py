@@ -54,6 +54,7 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.rope = RotaryEmbedding(cfg, max_model_len, dtype, device)
+        backend.prepare(cfg.num_attention_heads, self.kv_caches[0][0])
 
     @staticmethod
     def bytes_per_block(

@@ -52,6 +52,12 @@ class AttentionBackend(Protocol):
 
     name: str
 
+    def prepare(self, num_heads: int, k_cache: torch.Tensor) -> None:
+        """Compile or load what :meth:`forward` needs for ``num_heads`` query heads over
+        caches like ``k_cache`` (called once, when the engine is built, so that no
+        request waits for it)."""
+        ...
+
     def write_kv(
         self,
         k: torch.Tensor,

@@ -41,6 +41,24 @@ class CpuAttentionBackend(TorchAttentionBackend):
         # reused by the others (same metadata object).
         self._step_rows: tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None = None
 
+    @property
+    def kernels(self) -> CpuDecodeKernels:
+        """The compiled decode kernels this backend runs."""
+        return self._kernels
+
+    def prepare(self, num_heads: int, k_cache: torch.Tensor) -> None:
+        """Compile (first time on a machine, seconds) or load from numba's disk cache
+        the decode kernels for this shape, by running them once on a one-token context."""
+        if k_cache.dtype not in CACHE_DTYPES:
+            return
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        cache = torch.zeros((1, block_size, num_kv_heads, head_dim), dtype=k_cache.dtype)
+        cpu_paged_decode_attention(
+            torch.zeros((1, num_heads, head_dim)), cache, cache.clone(),
+            torch.zeros((1, 1), dtype=torch.int32), torch.ones(1, dtype=torch.int32), 1.0,
+            kernels=self._kernels,
+        )  # fmt: skip
+
     def _decode_rows(
         self,
         q: torch.Tensor,

@@ -55,6 +55,9 @@ class TorchAttentionBackend:
         # the others (same metadata object).
         self._plan: tuple[AttentionMetadata, int, list[_DecodeGroup]] | None = None
 
+    def prepare(self, num_heads: int, k_cache: torch.Tensor) -> None:
+        """Nothing to compile: plain torch ops."""
+
     def write_kv(
         self,
         k: torch.Tensor,

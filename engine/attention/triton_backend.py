@@ -23,6 +23,10 @@ class TritonAttentionBackend:
         """``decode_num_splits`` fixes the split-K count (default: a heuristic per step)."""
         self._decode_num_splits = decode_num_splits
 
+    def prepare(self, num_heads: int, k_cache: torch.Tensor) -> None:
+        """Nothing ahead of time: Triton compiles each kernel at its first launch and
+        caches it on disk."""
+
     def write_kv(
         self,
         k: torch.Tensor,

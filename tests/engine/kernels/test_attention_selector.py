@@ -1,4 +1,5 @@
-"""select_attention_backend: auto / torch / cpu / triton per device, and its refusals."""
+"""select_attention_backend: auto / torch / cpu / triton per device, and its refusals;
+the CPU backend prepares its kernels when an engine is built."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.selector import resolve_backend_name, select_attention_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend, kernels_run_on_cpu
+from engine.config import EngineConfig
+from engine.factory import build_llm_engine, load_model
 
 
 def test_auto_is_the_cpu_kernels_on_cpu_and_triton_on_cuda() -> None:
@@ -55,3 +58,18 @@ def test_without_a_threadsafe_numba_back_end_auto_falls_back_to_torch(
     assert type(select_attention_backend("auto", "cpu")) is TorchAttentionBackend
     with pytest.raises(ValueError, match="libgomp or libtbb"):
         select_attention_backend("cpu", "cpu")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_engines_compile_their_decode_kernels_when_built(dtype: str) -> None:
+    """Before any request: the first decode step must not wait for numba."""
+    config = EngineConfig.tiny(dtype=dtype, attention_backend="cpu")
+    engine = build_llm_engine(config, load_model(config))
+    backend = engine.runner.backend
+    assert isinstance(backend, CpuAttentionBackend)
+    cfg = engine.runner.model.config
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    kernels = backend.kernels.get(group, cfg.head_size, cfg.num_key_value_heads,
+                                  dtype == "bfloat16")  # fmt: skip
+    assert all(k.signatures for k in kernels)
+    assert engine.num_steps == 0
