@@ -31,11 +31,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
 
     def __init__(
-        self, group_cost: int = DEFAULT_GROUP_COST, prefill_tile: int = PREFILL_TILE
+        self,
+        group_cost: int = DEFAULT_GROUP_COST,
+        prefill_tile: int = PREFILL_TILE,
+        fused_bf16_prefill: bool | None = None,
     ) -> None:
-        """Arguments as for the torch backend (they govern its bfloat16 decode and
-        non-float32 prefill)."""
-        super().__init__(group_cost, prefill_tile)
+        """Arguments as for the torch backend (they govern its prefill, and decode for
+        caches the kernel does not take)."""
+        super().__init__(group_cost, prefill_tile, fused_bf16_prefill)
         self._kernels = CpuDecodeKernels()
         # This step's decode rows (q rows, sequence ids), built at the first layer and
         # reused by the others (same metadata object).

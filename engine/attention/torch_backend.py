@@ -10,7 +10,8 @@ K/V are gathered through each sequence's block table (layout in
   masked by ``seq_lens``;
 * prefill chunks run one sequence at a time with a causal mask shifted by the number
   of tokens already in the cache (``seq_len - query_len``): torch's fused SDPA in
-  float32, query tiles of explicit matmuls in bfloat16.
+  float32, and in bfloat16 where the hardware has bf16 matrix units (else query tiles
+  of explicit matmuls: oneDNN emulates bf16 there and SDPA was ~10x slower).
 
 Query heads are grouped per KV head (GQA: query head ``h`` reads KV head
 ``h // (H / Hkv)``) and attention is two matmuls around a float32 softmax.
@@ -24,6 +25,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.decode_groups import DEFAULT_GROUP_COST, group_by_length
+from engine.dtype_choice import preferred_dtype
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,17 @@ class TorchAttentionBackend:
     name = "torch"
 
     def __init__(
-        self, group_cost: int = DEFAULT_GROUP_COST, prefill_tile: int = PREFILL_TILE
+        self,
+        group_cost: int = DEFAULT_GROUP_COST,
+        prefill_tile: int = PREFILL_TILE,
+        fused_bf16_prefill: bool | None = None,
     ) -> None:
+        """``fused_bf16_prefill``: bfloat16 prefill through SDPA rather than tiles;
+        default: where :func:`engine.dtype_choice.preferred_dtype` finds native bf16
+        (CUDA, or a CPU with bf16 matrix units)."""
         self.group_cost = group_cost  # see engine.attention.decode_groups
         self.prefill_tile = prefill_tile
+        self._fused_bf16_prefill = fused_bf16_prefill
         # The decode plan of the step being run: built at the first layer, reused by
         # the others (same metadata object).
         self._plan: tuple[AttentionMetadata, int, list[_DecodeGroup]] | None = None
@@ -232,10 +241,12 @@ class TorchAttentionBackend:
         float32: torch's fused (flash) CPU attention with GQA in the kernel and, when
         part of the context was cached before this chunk, a boolean mask shifted by
         that many tokens (~1.7x faster than the tiles below, measured at 64-640 tokens).
-        Otherwise in tiles of ``prefill_tile`` query rows: tile ``[a, b)`` attends only
-        to keys up to its last position, so the fully masked upper triangle is never
-        computed, and each tile's float32 scores stay in cache (one [H, 512, 512] score
-        tensor does not: ~3x slower); the fused kernel was ~10x slower in bfloat16.
+        bfloat16 the same where bf16 is native: on a Xeon with AMX, 3.4-7x faster than
+        the tiles (24-512 queries over 128-1,048 keys). Otherwise in tiles of
+        ``prefill_tile`` query rows: tile ``[a, b)`` attends only to keys up to its last
+        position, so the fully masked upper triangle is never computed, and each tile's
+        float32 scores stay in cache (one [H, 512, 512] score tensor does not: ~3x
+        slower); on an AVX2-only CPU the fused kernel was ~10x slower in bfloat16.
         """
         block_size = k_cache.shape[1]
         seq_len = meta.seq_lens_cpu[i]
@@ -243,7 +254,9 @@ class TorchAttentionBackend:
         num_blocks = -(-seq_len // block_size)
         table = meta.block_tables[i, :num_blocks].long()
         offset = seq_len - q_len  # tokens cached before this chunk
-        if q.dtype == torch.float32 and k_cache.dtype == torch.float32:
+        if k_cache.dtype == q.dtype and (
+            q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and self._fused_bf16(q))
+        ):
             return self._prefill_sdpa(q, k_cache, v_cache, table, seq_len, offset, scale)
         k = self._gather(k_cache, table, seq_len).to(q.dtype).unsqueeze(1)  # [Hkv, 1, L, D]
         v = self._gather(v_cache, table, seq_len).to(q.dtype).unsqueeze(1)
@@ -259,6 +272,12 @@ class TorchAttentionBackend:
             out[a:b] = o.reshape(num_heads, b - a, head_dim).transpose(0, 1)
         return out
 
+    def _fused_bf16(self, q: torch.Tensor) -> bool:
+        if self._fused_bf16_prefill is None:
+            device = "cuda" if q.is_cuda else q.device.type
+            self._fused_bf16_prefill = preferred_dtype(device) == "bfloat16"
+        return self._fused_bf16_prefill
+
     @classmethod
     def _prefill_sdpa(
         cls,
@@ -270,7 +289,7 @@ class TorchAttentionBackend:
         offset: int,
         scale: float,
     ) -> torch.Tensor:
-        """:meth:`_prefill_one` through ``scaled_dot_product_attention`` (float32)."""
+        """:meth:`_prefill_one` through ``scaled_dot_product_attention``."""
         q_len = q.shape[0]
         k = cls._gather(k_cache, table, seq_len).unsqueeze(0)  # [1, Hkv, L, D]
         v = cls._gather(v_cache, table, seq_len).unsqueeze(0)

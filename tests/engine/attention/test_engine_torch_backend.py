@@ -28,15 +28,22 @@ def _dense(
 # decode: a group per length / one group; prefill: 3-row query tiles / one tile.
 # torch: float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls;
 # float32 prefill through SDPA (with a shifted mask over a cached prefix), bfloat16 in
-# tiles. cpu: float32 and bfloat16 decodes in the numba kernel, the rest as torch.
+# tiles or (fused) through SDPA too. cpu: float32 and bfloat16 decodes in the numba
+# kernel, the rest as torch.
 @pytest.mark.parametrize("backend_type", [TorchAttentionBackend, CpuAttentionBackend])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "fused"), [(torch.float32, None), (torch.bfloat16, False), (torch.bfloat16, True)]
+)
 @pytest.mark.parametrize(("group_cost", "tile"), [(0, 3), (64, 128)])
 def test_mixed_prefill_chunks_and_decodes_match_dense(
-    group_cost: int, tile: int, dtype: torch.dtype, backend_type: type[TorchAttentionBackend]
+    group_cost: int,
+    tile: int,
+    dtype: torch.dtype,
+    fused: bool | None,
+    backend_type: type[TorchAttentionBackend],
 ) -> None:
     gen = torch.Generator().manual_seed(0)
-    backend = backend_type(group_cost, tile)
+    backend = backend_type(group_cost, tile, fused)
     # (cached tokens, new tokens) per sequence: fresh prefill, chunk over a prefix, decodes
     shapes = [(0, 7), (5, 6), (9, 1), (3, 1), (16, 1), (2, 1)]
     num_blocks = 40
@@ -90,3 +97,32 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(
         ref = _dense(q_parts[i].float(), full_k[i].float(), full_v[i].float(), cached, D**-0.5)
         got = out[qsl[i] : qsl[i + 1]].float()
         torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_bfloat16_prefill_takes_sdpa_only_when_fused(
+    fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = TorchAttentionBackend._prefill_sdpa
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TorchAttentionBackend, "_prefill_sdpa", staticmethod(counted))
+    backend = TorchAttentionBackend(fused_bf16_prefill=fused)
+    cache = torch.zeros(4, BS, HKV, D, dtype=torch.bfloat16)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0, 5], dtype=torch.int32),
+        seq_lens=torch.tensor([5], dtype=torch.int32),
+        block_tables=torch.tensor([[0, 1]], dtype=torch.int32),
+        slot_mapping=torch.arange(5, dtype=torch.int64),
+        max_query_len=5,
+        max_seq_len=5,
+        query_lens_cpu=(5,),
+        seq_lens_cpu=(5,),
+    )
+    q = torch.randn(5, H, D).to(torch.bfloat16)
+    backend.forward(q, cache, cache.clone(), meta, D**-0.5)
+    assert len(calls) == int(fused)
