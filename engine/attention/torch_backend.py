@@ -273,9 +273,8 @@ class TorchAttentionBackend:
         return out
 
     def _fused_bf16(self, q: torch.Tensor) -> bool:
-        if self._fused_bf16_prefill is None:
-            device = "cuda" if q.is_cuda else q.device.type
-            self._fused_bf16_prefill = preferred_dtype(device) == "bfloat16"
+        if self._fused_bf16_prefill is None:  # decided at the first bf16 prefill
+            self._fused_bf16_prefill = preferred_dtype(q.device.type) == "bfloat16"
         return self._fused_bf16_prefill
 
     @classmethod
