@@ -11,7 +11,8 @@ batches of 16 (left padded, greedy; each batch runs to its longest output, only 
 requested tokens count). Optional peer: llama-cpp-python single stream on the same GGUF
 (its own quantised kernels, the engine's thread count), the first 8 requests one after
 another, if importable (``pip install -e '.[llamacpp]'`` builds llama.cpp from source).
-Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same cold.
+Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same cold
+(medians of three trials each).
 Also, in the same run, the machine's matrix-multiply bound: the rate of the engine's
 own linear layer on a 512-row product (best of several), the workload's linear-layer
 FLOPs (2 x projection weights per prompt and output token, plus the lm_head per output
@@ -23,9 +24,11 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -231,6 +234,7 @@ def llama_cpp_peer(path: Path, threads: int, extra_bufts: bool) -> dict[str, Any
 def ttft(
     loaded: LoadedModel, config: EngineConfig, prompt: list[int], warm_with: list[int] | None
 ) -> float:
+    gc.collect()  # the previous trial's engine and its KV cache (GiBs) before a new one
     engine = build_llm_engine(config, loaded)
     p = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     if warm_with is not None:
@@ -242,18 +246,31 @@ def ttft(
     return time.perf_counter() - start
 
 
+PREFIX_TRIALS = 3
+
+
 def prefix_reuse(loaded: LoadedModel, config: EngineConfig, prefix_len: int) -> dict[str, Any]:
+    """Median TTFT of :data:`PREFIX_TRIALS` cold and cached trials, alternating (one
+    sample of each swung the ratio by about 1.5 points between runs on a shared CPU);
+    each trial has its own prefix, so a cold one never finds blocks of an earlier one."""
     rng = random.Random(7)
-    prefix = [rng.randrange(100, 40_000) for _ in range(prefix_len)]
-    prompt = prefix + [rng.randrange(100, 40_000) for _ in range(24)]
-    other = prefix + [rng.randrange(100, 40_000) for _ in range(24)]
-    cold = ttft(loaded, config, prompt, None)
-    warm = ttft(loaded, config, prompt, other)
+    colds: list[float] = []
+    warms: list[float] = []
+    for _ in range(PREFIX_TRIALS):
+        prefix = [rng.randrange(100, 40_000) for _ in range(prefix_len)]
+        prompt = prefix + [rng.randrange(100, 40_000) for _ in range(24)]
+        other = prefix + [rng.randrange(100, 40_000) for _ in range(24)]
+        colds.append(ttft(loaded, config, prompt, None))
+        warms.append(ttft(loaded, config, prompt, other))
+    cold, warm = statistics.median(colds), statistics.median(warms)
     return {
         "cached_prefix_tokens": prefix_len,
-        "prompt_tokens": len(prompt),
+        "prompt_tokens": prefix_len + 24,
+        "trials": PREFIX_TRIALS,
         "ttft_cold_s": round(cold, 3),
         "ttft_cached_s": round(warm, 3),
+        "ttft_cold_s_each": [round(c, 3) for c in colds],
+        "ttft_cached_s_each": [round(w, 3) for w in warms],
         "cached_fraction_of_cold": round(warm / cold, 4),
     }
 
