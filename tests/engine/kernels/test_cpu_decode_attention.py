@@ -29,54 +29,33 @@ def kernels() -> CpuDecodeKernels:
     return CpuDecodeKernels()
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", CASES)
 def test_decode_matches_reference(
     kernels: CpuDecodeKernels,
+    cache_dtype: torch.dtype,
     seq_lens: list[int],
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
     block_size: int,
 ) -> None:
+    """A bfloat16 cache is read exactly (widened to float32): its result is the float32
+    kernel's on the same (rounded) values, not merely bfloat16-close."""
     batch = build_paged_batch(
         [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
         torch.float32, "cpu",
     )  # fmt: skip
-    scale = head_dim**-0.5
-    out = cpu_paged_decode_attention(
-        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale,
-        kernels=kernels,
-    )  # fmt: skip
-    ref = reference_paged_decode(
-        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale
-    )
-    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
-
-
-@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", CASES)
-def test_bfloat16_cache_matches_reference_on_the_same_values(
-    kernels: CpuDecodeKernels,
-    seq_lens: list[int],
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-) -> None:
-    """A bfloat16 cache is read exactly (widened to float32): the result is the float32
-    kernel's on the same (rounded) values, not merely bfloat16-close."""
-    batch = build_paged_batch(
-        [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
-        torch.float32, "cpu", seed=7,
-    )  # fmt: skip
-    k16, v16 = batch.k_cache.to(torch.bfloat16), batch.v_cache.to(torch.bfloat16)
+    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
     scale = head_dim**-0.5
     args = (batch.block_tables, batch.seq_lens, scale)
-    out = cpu_paged_decode_attention(batch.q, k16, v16, *args, kernels=kernels)
-    widened = cpu_paged_decode_attention(batch.q, k16.float(), v16.float(), *args,
-                                         kernels=kernels)  # fmt: skip
-    torch.testing.assert_close(out, widened, atol=0, rtol=0)
-    ref = reference_paged_decode(batch.q, k16.float(), v16.float(), *args)
+    out = cpu_paged_decode_attention(batch.q, k, v, *args, kernels=kernels)
+    ref = reference_paged_decode(batch.q, k.float(), v.float(), *args)
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+    if cache_dtype != torch.float32:
+        widened = cpu_paged_decode_attention(batch.q, k.float(), v.float(), *args,
+                                             kernels=kernels)  # fmt: skip
+        torch.testing.assert_close(out, widened, atol=0, rtol=0)
 
 
 def test_only_the_chosen_rows_are_written(kernels: CpuDecodeKernels) -> None:
