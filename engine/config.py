@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from engine.dtype_choice import resolve_dtype
 
 TINY_MODEL = "kvtoll-tiny"
-DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware has bf16 matrix units
+DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware computes it natively
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ K/V are gathered through each sequence's block table (layout in
   masked by ``seq_lens``;
 * prefill chunks run one sequence at a time with a causal mask shifted by the number
   of tokens already in the cache (``seq_len - query_len``): torch's fused SDPA in
-  float32, and in bfloat16 where the hardware has bf16 matrix units (else query tiles
-  of explicit matmuls: oneDNN emulates bf16 there and SDPA was ~10x slower).
+  float32, and in bfloat16 where the hardware computes in bf16 natively (else query
+  tiles of explicit matmuls: oneDNN emulates bf16 there and SDPA was ~10x slower).
 
 Query heads are grouped per KV head (GQA: query head ``h`` reads KV head
 ``h // (H / Hkv)``) and attention is two matmuls around a float32 softmax.
@@ -25,7 +25,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.decode_groups import DEFAULT_GROUP_COST, group_by_length
-from engine.dtype_choice import preferred_dtype
+from engine.dtype_choice import native_bf16
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ class TorchAttentionBackend:
         fused_bf16_prefill: bool | None = None,
     ) -> None:
         """``fused_bf16_prefill``: bfloat16 prefill through SDPA rather than tiles;
-        default: where :func:`engine.dtype_choice.preferred_dtype` finds native bf16
-        (CUDA, or a CPU with bf16 matrix units)."""
+        default: where :func:`engine.dtype_choice.native_bf16` holds (CUDA, or a CPU
+        with bf16 instructions)."""
         self.group_cost = group_cost  # see engine.attention.decode_groups
         self.prefill_tile = prefill_tile
         self._fused_bf16_prefill = fused_bf16_prefill
@@ -242,7 +242,8 @@ class TorchAttentionBackend:
         part of the context was cached before this chunk, a boolean mask shifted by
         that many tokens (~1.7x faster than the tiles below, measured at 64-640 tokens).
         bfloat16 the same where bf16 is native: on a Xeon with AMX, 3.4-7x faster than
-        the tiles (24-512 queries over 128-1,048 keys). Otherwise in tiles of
+        the tiles (24-512 queries over 128-1,048 keys); on a Zen 4 EPYC with
+        ``avx512_bf16`` (no AMX) 1.1-1.9x (the same shapes). Otherwise in tiles of
         ``prefill_tile`` query rows: tile ``[a, b)`` attends only to keys up to its last
         position, so the fully masked upper triangle is never computed, and each tile's
         float32 scores stay in cache (one [H, 512, 512] score tensor does not: ~3x
@@ -274,7 +275,7 @@ class TorchAttentionBackend:
 
     def _fused_bf16(self, q: torch.Tensor) -> bool:
         if self._fused_bf16_prefill is None:  # decided at the first bf16 prefill
-            self._fused_bf16_prefill = preferred_dtype(q.device.type) == "bfloat16"
+            self._fused_bf16_prefill = native_bf16(q.device.type)
         return self._fused_bf16_prefill
 
     @classmethod

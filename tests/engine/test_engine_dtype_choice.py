@@ -1,4 +1,5 @@
-"""The ``auto`` dtype: bfloat16 only where the hardware has bf16 matrix units."""
+"""The ``auto`` dtype: bfloat16 only where the hardware computes in bf16 natively and
+oneDNN packs bf16 weights."""
 
 from __future__ import annotations
 
@@ -7,28 +8,46 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from engine.dtype_choice import cpu_flags, preferred_dtype, resolve_dtype
+from engine.dtype_choice import cpu_flags, native_bf16, preferred_dtype, resolve_dtype
+from engine.model.packed_linear import onednn_bf16_packing_works
 
 X86 = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma {extra}\n\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd {extra}\nCPU implementer\t: 0x41\n"
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("text", "native"),
     [
-        (X86.format(extra="avx512f avx512_bf16"), "float32"),  # bf16 dot products only
-        (X86.format(extra="avx512_bf16 amx_tile amx_bf16"), "bfloat16"),
-        (X86.format(extra="avx512f avx512_vnni"), "float32"),  # AVX-512 without bf16
-        (X86.format(extra=""), "float32"),
-        (ARM.format(extra="sve bf16"), "bfloat16"),
-        (ARM.format(extra="sve"), "float32"),
-        ("", "float32"),
+        (X86.format(extra="avx512f avx512_bf16"), True),  # bf16 dot products (Zen 4)
+        (X86.format(extra="avx512_bf16 amx_tile amx_bf16"), True),
+        (X86.format(extra="avx512f avx512_vnni"), False),  # AVX-512 without bf16
+        (X86.format(extra=""), False),
+        (ARM.format(extra="sve bf16"), True),
+        (ARM.format(extra="sve"), False),
+        ("", False),
     ],
 )
-def test_cpu_choice_follows_native_bf16_flags(tmp_path: Path, text: str, expected: str) -> None:
+def test_cpu_choice_follows_bf16_flags_and_packing(
+    tmp_path: Path, text: str, native: bool
+) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text(text)
-    assert preferred_dtype("cpu", cpu_flags(info)) == expected
+    flags = cpu_flags(info)
+    assert native_bf16("cpu", flags) is native
+    assert preferred_dtype("cpu", flags, packs_bf16=True) == ("bfloat16" if native else "float32")
+    # Unpacked bf16 linears re-lay their weights out on every call: float32 then.
+    assert preferred_dtype("cpu", flags, packs_bf16=False) == "float32"
+
+
+def test_cpu_choice_probes_this_machines_packing_by_default() -> None:
+    flags = frozenset({"avx512_bf16"})
+    expected = "bfloat16" if onednn_bf16_packing_works() else "float32"
+    assert preferred_dtype("cpu", flags) == expected
+
+
+def test_other_devices_are_float32_unless_cuda() -> None:
+    assert preferred_dtype("mps", frozenset({"amx_bf16"}), packs_bf16=True) == "float32"
+    assert native_bf16("mps", frozenset({"amx_bf16"})) is False
 
 
 def test_unreadable_cpuinfo_means_no_flags(tmp_path: Path) -> None:
