@@ -11,14 +11,17 @@ bench/engine_throughput.py --dtypes and torch matmuls at the model's shapes:
   packed bf16 layers 1.3-1.9x faster than packed float32 at 1-512 rows; the engine
   1.67x on --dtypes (106 vs 63 tokens/s) and 1.29-1.42x on the bench's 64 requests
   (194 and 204 vs 136 and 158 tokens/s, alternating runs); unpacked ``F.linear`` in
-  bf16 was 2.7x *slower* than float32 at 64 rows there. (An Emerald Rapids VM with
-  ``avx512_bf16`` measured bf16 at 0.55-0.75x of float32 before the engine packed
-  bf16 weights: that was ``F.linear``.)
+  bf16 was 2.7x *slower* than float32 at 64 rows there;
+* an Emerald Rapids VM with ``avx512_bf16`` and AMX hidden: bf16 matmuls through
+  ``F.linear`` at 0.55-0.75x of float32 (64-512 rows), measured before the engine
+  packed bf16 weights (packed bf16 was not measured there);
 * an AVX2-only CPU: oneDNN emulates bf16, matmuls 5-30x slower than float32.
 
-``auto`` therefore picks bfloat16 on CUDA devices that support it, and on CPUs with
-bf16 instructions (x86 ``amx_bf16`` or ``avx512_bf16``, Arm ``bf16``) where oneDNN
-packs bf16 weights; float32 everywhere else.
+``auto`` therefore picks bfloat16 on CUDA devices that support it and on CPUs with
+bf16 matrix units (x86 ``amx_bf16``, Arm ``bf16``) where oneDNN packs bf16 weights;
+on CPUs with bf16 dot products only (``avx512_bf16``) it measures a packed product in
+both dtypes at start-up (a few ms) and takes bfloat16 only if that is clearly faster;
+float32 everywhere else.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ from pathlib import Path
 
 DTYPES = ("float32", "bfloat16")
 AUTO = "auto"
-NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
+MATRIX_BF16_FLAGS = frozenset({"amx_bf16", "bf16"})  # bf16 matrix units: x86 AMX, Arm BFMMLA
+DOT_BF16_FLAGS = frozenset({"avx512_bf16"})  # bf16 dot-product instructions only
+# Where only dot-product instructions exist the evidence disagrees (Zen 4 1.3-1.9x,
+# the Emerald Rapids VM 0.55-0.75x), so there bfloat16 must measure at least this much
+# faster (engine.model.packed_linear.packed_bf16_speedup) to be chosen.
+BF16_MIN_SPEEDUP = 1.1
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -52,24 +60,32 @@ def native_bf16(device: str, flags: frozenset[str] | None = None) -> bool:
         return bool(torch.cuda.is_bf16_supported())
     if device != "cpu":
         return False
-    return bool(NATIVE_BF16_FLAGS & (cpu_flags() if flags is None else flags))
+    return bool((MATRIX_BF16_FLAGS | DOT_BF16_FLAGS) & (cpu_flags() if flags is None else flags))
 
 
 def preferred_dtype(
-    device: str, flags: frozenset[str] | None = None, packs_bf16: bool | None = None
+    device: str,
+    flags: frozenset[str] | None = None,
+    packs_bf16: bool | None = None,
+    bf16_speedup: float | None = None,
 ) -> str:
     """``bfloat16`` where ``device`` computes in bf16 natively and, on a CPU, oneDNN
-    packs bf16 weights (``packs_bf16``, default: probed now); else ``float32``."""
+    packs bf16 weights (``packs_bf16``) and, without matrix units, packed bf16 measures
+    at least :data:`BF16_MIN_SPEEDUP` times faster than float32 (``bf16_speedup``);
+    else ``float32``. ``flags``, ``packs_bf16`` and ``bf16_speedup`` default to what
+    this machine reads and measures now."""
     if not native_bf16(device, flags):
         return "float32"
-    if device == "cpu":
-        if packs_bf16 is None:
-            from engine.model.packed_linear import onednn_bf16_packing_works  # imports torch
+    if device != "cpu":
+        return "bfloat16"
+    from engine.model import packed_linear  # imports torch: only on a bf16-capable CPU
 
-            packs_bf16 = onednn_bf16_packing_works()
-        if not packs_bf16:
-            return "float32"
-    return "bfloat16"
+    if not (packed_linear.onednn_bf16_packing_works() if packs_bf16 is None else packs_bf16):
+        return "float32"
+    if MATRIX_BF16_FLAGS & (cpu_flags() if flags is None else flags):
+        return "bfloat16"
+    speedup = packed_linear.packed_bf16_speedup() if bf16_speedup is None else bf16_speedup
+    return "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
 
 
 def resolve_dtype(requested: str, device: str) -> str:

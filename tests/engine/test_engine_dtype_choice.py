@@ -8,40 +8,51 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from engine.dtype_choice import cpu_flags, native_bf16, preferred_dtype, resolve_dtype
-from engine.model.packed_linear import onednn_bf16_packing_works
+from engine.dtype_choice import (
+    BF16_MIN_SPEEDUP,
+    cpu_flags,
+    native_bf16,
+    preferred_dtype,
+    resolve_dtype,
+)
+from engine.model import packed_linear
 
 X86 = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma {extra}\n\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd {extra}\nCPU implementer\t: 0x41\n"
 
 
 @pytest.mark.parametrize(
-    ("text", "native"),
+    ("text", "native", "matrix_units"),
     [
-        (X86.format(extra="avx512f avx512_bf16"), True),  # bf16 dot products (Zen 4)
-        (X86.format(extra="avx512_bf16 amx_tile amx_bf16"), True),
-        (X86.format(extra="avx512f avx512_vnni"), False),  # AVX-512 without bf16
-        (X86.format(extra=""), False),
-        (ARM.format(extra="sve bf16"), True),
-        (ARM.format(extra="sve"), False),
-        ("", False),
+        (X86.format(extra="avx512f avx512_bf16"), True, False),  # bf16 dot products (Zen 4)
+        (X86.format(extra="avx512_bf16 amx_tile amx_bf16"), True, True),
+        (X86.format(extra="avx512f avx512_vnni"), False, False),  # AVX-512 without bf16
+        (X86.format(extra=""), False, False),
+        (ARM.format(extra="sve bf16"), True, True),
+        (ARM.format(extra="sve"), False, False),
+        ("", False, False),
     ],
 )
-def test_cpu_choice_follows_bf16_flags_and_packing(
-    tmp_path: Path, text: str, native: bool
+def test_cpu_choice_follows_bf16_flags_packing_and_speed(
+    tmp_path: Path, text: str, native: bool, matrix_units: bool
 ) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text(text)
     flags = cpu_flags(info)
     assert native_bf16("cpu", flags) is native
-    assert preferred_dtype("cpu", flags, packs_bf16=True) == ("bfloat16" if native else "float32")
+    fast, slow = BF16_MIN_SPEEDUP * 1.5, BF16_MIN_SPEEDUP * 0.6
+    expected = "bfloat16" if native else "float32"
+    assert preferred_dtype("cpu", flags, packs_bf16=True, bf16_speedup=fast) == expected
     # Unpacked bf16 linears re-lay their weights out on every call: float32 then.
-    assert preferred_dtype("cpu", flags, packs_bf16=False) == "float32"
+    assert preferred_dtype("cpu", flags, packs_bf16=False, bf16_speedup=fast) == "float32"
+    # Matrix units decide by themselves; dot products alone only if bf16 measured faster.
+    slow_choice = "bfloat16" if matrix_units else "float32"
+    assert preferred_dtype("cpu", flags, packs_bf16=True, bf16_speedup=slow) == slow_choice
 
 
 def test_cpu_choice_probes_this_machines_packing_by_default() -> None:
-    flags = frozenset({"avx512_bf16"})
-    expected = "bfloat16" if onednn_bf16_packing_works() else "float32"
+    flags = frozenset({"amx_bf16"})
+    expected = "bfloat16" if packed_linear.onednn_bf16_packing_works() else "float32"
     assert preferred_dtype("cpu", flags) == expected
 
 
@@ -61,7 +72,12 @@ def test_explicit_dtypes_pass_through_and_bad_ones_are_refused() -> None:
         resolve_dtype("float16", "cpu")
 
 
-def test_config_resolves_auto_once_to_this_machines_choice() -> None:
+def test_config_resolves_auto_once_to_this_machines_choice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fixed speed in place of the timing probe (where this CPU has only bf16 dot
+    # products), so that the two resolutions cannot disagree on a busy machine.
+    monkeypatch.setattr(packed_linear, "packed_bf16_speedup", lambda: 2 * BF16_MIN_SPEEDUP)
     config = EngineConfig()
     assert config.dtype == preferred_dtype("cpu") == resolve_dtype("auto", "cpu")
     assert config.dtype in ("float32", "bfloat16")

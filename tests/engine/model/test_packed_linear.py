@@ -18,6 +18,7 @@ from engine.model.packed_linear import (
     onednn_packing_available,
     pack_linears,
     packable_dtypes,
+    packed_bf16_speedup,
 )
 
 KINDS = [
@@ -125,6 +126,17 @@ def test_onednn_bfloat16_packing_equals_f_linear_bit_for_bit() -> None:
     with torch.inference_mode():
         for rows in (1, 7, 16, 64, 300):
             assert torch.equal(packed(x[:rows]), linear(x[:rows])), rows
+
+
+def test_bf16_speedup_is_a_measured_ratio_and_bad_arguments_are_refused() -> None:
+    """The timing itself is the machine's (never asserted); its shape is checked."""
+    if not onednn_bf16_packing_works():
+        pytest.skip("oneDNN cannot pack bfloat16 weights on this CPU")
+    speedup = packed_bf16_speedup(rows=4, repeats=2)
+    assert isinstance(speedup, float) and 0 < speedup < float("inf")
+    for rows, repeats in ((0, 3), (8, 0)):
+        with pytest.raises(ValueError, match="positive"):
+            packed_bf16_speedup(rows=rows, repeats=repeats)
 
 
 def test_cpu_engine_models_are_packed_with_tied_embeddings() -> None:
