@@ -74,6 +74,8 @@ def preferred_dtype(
     at least :data:`BF16_MIN_SPEEDUP` times faster than float32 (``bf16_speedup``);
     else ``float32``. ``flags``, ``packs_bf16`` and ``bf16_speedup`` default to what
     this machine reads and measures now."""
+    if device == "cpu" and flags is None:
+        flags = cpu_flags()  # read once
     if not native_bf16(device, flags):
         return "float32"
     if device != "cpu":
@@ -82,7 +84,7 @@ def preferred_dtype(
 
     if not (packed_linear.onednn_bf16_packing_works() if packs_bf16 is None else packs_bf16):
         return "float32"
-    if MATRIX_BF16_FLAGS & (cpu_flags() if flags is None else flags):
+    if MATRIX_BF16_FLAGS & (flags or frozenset()):
         return "bfloat16"
     speedup = packed_linear.packed_bf16_speedup() if bf16_speedup is None else bf16_speedup
     return "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
