@@ -101,31 +101,6 @@ def onednn_bf16_packing_works() -> bool:
     return bool(torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2))
 
 
-def packed_bf16_speedup(rows: int = 64, repeats: int = 7) -> float:
-    """How many times faster a oneDNN-packed bfloat16 product is than a packed float32
-    one here: best of ``repeats`` of ``[rows, 576] x [576, 1,536]`` (SmolLM2-135M's MLP
-    projection) in each dtype; best-of, not mean, so a busy neighbour does not decide.
-    Needs :func:`onednn_bf16_packing_works`."""
-    if rows < 1 or repeats < 1:
-        raise ValueError(f"rows and repeats must be positive, got {rows}, {repeats}")
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(1536, 576, generator=gen)
-    x = torch.randn(rows, 576, generator=gen)
-    best: dict[torch.dtype, float] = {}
-    with torch.no_grad():
-        for dtype in (torch.float32, torch.bfloat16):
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), _ROWS_HINT)
-            rows_in = x.to(dtype)
-            torch.ops.mkldnn._linear_pointwise(rows_in, packed, None, "none", [], "")  # warm
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                torch.ops.mkldnn._linear_pointwise(rows_in, packed, None, "none", [], "")
-                times.append(time.perf_counter() - start)
-            best[dtype] = min(times)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
 def packable_dtypes(kind: PackKind) -> frozenset[torch.dtype]:
     """The weight dtypes ``kind`` can pack on this machine."""
     if kind == "mkl":
@@ -215,3 +190,30 @@ def pack_linears(model: nn.Module, kind: PackKind) -> int:
                 setattr(parent, name, PackedLinear.from_linear(child, kind, dtypes))
                 replaced += 1
     return replaced
+
+
+def packed_bf16_speedup(rows: int = 64, repeats: int = 7) -> float:
+    """How many times faster a oneDNN-packed bfloat16 product is than a packed float32
+    one here: best of ``repeats`` of ``[rows, 576] x [576, 1,536]`` (SmolLM2-135M's MLP
+    projection) through :class:`PackedLinear` in each dtype; best-of, not mean, so a
+    busy neighbour does not decide. Needs :func:`onednn_bf16_packing_works`."""
+    if rows < 1 or repeats < 1:
+        raise ValueError(f"rows and repeats must be positive, got {rows}, {repeats}")
+    gen = torch.Generator().manual_seed(0)
+    linear = torch.nn.utils.skip_init(nn.Linear, 576, 1536, bias=False)  # global RNG untouched
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(1536, 576, generator=gen))
+    x = torch.randn(rows, 576, generator=gen)
+    best: dict[torch.dtype, float] = {}
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16):
+            layer = PackedLinear.from_linear(linear.to(dtype), "onednn", frozenset({dtype}))
+            rows_in = x.to(dtype)
+            layer(rows_in)  # warm-up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                layer(rows_in)
+                times.append(time.perf_counter() - start)
+            best[dtype] = min(times)
+    return best[torch.float32] / best[torch.bfloat16]
