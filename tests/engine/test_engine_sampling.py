@@ -9,7 +9,7 @@ from engine.api import FinishReason, GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine
 from engine.output import OutputProcessor
-from engine.sampling import filter_logits, make_generator, sample_row
+from engine.sampling import filter_logits, greedy_tokens, make_generator, sample_row
 from engine.sequence import Sequence
 from engine.tokenizer import ByteTokenizer
 
@@ -29,6 +29,19 @@ def _texts(
         )
         for choice in out
     ]
+
+
+def test_greedy_tokens_match_argmax_with_ties_and_nan() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 49_152, generator=gen)
+    logits[3, [10, 20_000]] = 50.0  # a tie: the first index wins
+    logits[5, [7, 9]] = float("nan")  # NaN propagates: the first NaN
+    logits[6] = 0.0  # all equal
+    expected = torch.argmax(logits, dim=-1)
+    assert torch.equal(greedy_tokens(logits), expected)
+    assert greedy_tokens(logits)[[3, 5, 6]].tolist() == [10, 7, 0]
+    for row in (logits[3], logits[5], logits[11]):
+        assert int(greedy_tokens(row)) == int(torch.argmax(row))
 
 
 def test_seed_makes_sampling_reproducible_and_choices_differ(tiny_model: LoadedModel) -> None:
