@@ -89,7 +89,7 @@ def run_engine(loaded: LoadedModel, config: EngineConfig, work: Workload) -> dic
 
 def linear_bound(loaded: LoadedModel, work: Workload, engine_tps: float) -> dict[str, Any]:
     """The workload's tokens/s if every linear-layer FLOP ran at the rate measured now
-    for the engine's own gate projection on 512 rows (attention and the rest free)."""
+    for the engine's own stacked gate/up projection on 512 rows (attention and the rest free)."""
     model = loaded.model
     layer_params = sum(
         m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)
@@ -97,7 +97,7 @@ def linear_bound(loaded: LoadedModel, work: Workload, engine_tps: float) -> dict
     head_params = model.lm_head.weight.numel()
     tokens = sum(len(p) for p in work.prompts) + work.output_tokens
     flops = 2 * layer_params * tokens + 2 * head_params * work.output_tokens
-    proj = model.model.layers[0].get_submodule("mlp.gate_proj")
+    proj = model.model.layers[0].get_submodule("mlp.gate_up_proj")
     assert isinstance(proj, torch.nn.Linear)
     x = torch.randn(512, proj.in_features, dtype=proj.weight.dtype)
     best = float("inf")
@@ -123,7 +123,7 @@ def hf_model(loaded: LoadedModel, dtype: torch.dtype) -> Any:
     fields: dict[str, Any] = dict(loaded.config.to_hf_dict())
     model = LlamaForCausalLM(LlamaConfig(**fields, eos_token_id=None, bos_token_id=None)).eval()
     model.load_state_dict(
-        {k: v.float() for k, v in loaded.model.state_dict().items()}, strict=False
+        {k: v.float() for k, v in loaded.model.checkpoint_state_dict().items()}, strict=False
     )
     return model.to(dtype)
 

@@ -30,7 +30,7 @@ from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
 from engine.model.config import LlamaConfig
-from engine.model.llama import LlamaForCausalLM
+from engine.model.llama import LlamaForCausalLM, stack_checkpoint
 from engine.model.packed_linear import best_packing, pack_linears
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
@@ -86,7 +86,7 @@ def _build_model(
     if state is not None:
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        model.load_state_dict(state, strict=False, assign=True)
+        model.load_state_dict(stack_checkpoint(state), strict=False, assign=True)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         missing = [n for n, p in model.named_parameters() if p.is_meta]

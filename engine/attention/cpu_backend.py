@@ -87,7 +87,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return
         if q.dtype == torch.float32:
             cpu_paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
+                q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
                 q_rows=q_rows, seq_ids=seq_ids, out=out, kernels=self._kernels,
             )  # fmt: skip
             return

@@ -27,7 +27,7 @@ def hf_twin(loaded: LoadedModel) -> HFGreedy:
     hf_fields: dict[str, Any] = dict(loaded.config.to_hf_dict())
     cfg = LlamaConfig(**hf_fields, eos_token_id=None, bos_token_id=None)
     model = LlamaForCausalLM(cfg).eval()
-    state = {k: v.float() for k, v in loaded.model.state_dict().items()}
+    state = {k: v.float() for k, v in loaded.model.checkpoint_state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
 

@@ -21,7 +21,9 @@ TEMPLATE = (
 
 def _write_checkpoint(loaded: LoadedModel, path: Path) -> None:
     state = {
-        k: v.contiguous() for k, v in loaded.model.state_dict().items() if k != "lm_head.weight"
+        k: v.contiguous()
+        for k, v in loaded.model.checkpoint_state_dict().items()
+        if k != "lm_head.weight"
     }
     save_file(state, str(path / "model.safetensors"))
     cfg = {**loaded.config.to_hf_dict(), "model_type": "llama", "eos_token_id": 2}
