@@ -199,15 +199,8 @@ class CpuDecodeKernels:
         return self._built[key]
 
 
-def _check(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    q_rows: torch.Tensor,
-    seq_ids: torch.Tensor,
-    out: torch.Tensor,
+def _check_tensors(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
 ) -> None:
     for name, t in (("q", q), ("out", out)):
         if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
@@ -229,6 +222,12 @@ def _check(
     if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads over {num_kv_heads} KV heads, "
                          f"head_dim {head_dim} vs cache {k_cache.shape[3]}")
+
+
+def _check_indices(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, q_rows: torch.Tensor,
+    seq_ids: torch.Tensor,
+) -> None:  # fmt: skip
     for name, t, dtype in (("block_tables", block_tables, torch.int32),
                            ("seq_lens", seq_lens, torch.int32),
                            ("q_rows", q_rows, torch.int64), ("seq_ids", seq_ids, torch.int64)):
@@ -241,20 +240,95 @@ def _check(
         raise ValueError(f"q_rows {tuple(q_rows.shape)} vs seq_ids {tuple(seq_ids.shape)}")
 
 
-def _check_indices(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
+@dataclass(frozen=True)
+class DecodeRows:
+    """The decode rows of one step, checked once against the step's block tables (every
+    layer of a step reads the same ones), as the arrays the kernels take, with the
+    scratch every layer reuses. Build with :func:`plan_decode_rows`."""
+
+    num_q: int  # rows of q (and out) the indices were checked against
+    num_heads: int
+    num_blocks: int  # cache blocks ...
+    block_size: int  # ... of this many tokens the block ids were checked against
+    q_rows: np.ndarray  # [R] int64 rows of q / out
+    seq_ids: np.ndarray  # [R] int64 their sequences
+    block_tables: np.ndarray  # [S, max_blocks] int32
+    seq_lens: np.ndarray  # [S] int32
+    scores: torch.Tensor  # [R, H, longest context] float32 scratch
+    probs: torch.Tensor  # the same shape
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.q_rows.shape[0])
+
+
+def plan_decode_rows(
+    num_q: int,
+    num_heads: int,
+    num_blocks: int,
+    block_size: int,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     q_rows: torch.Tensor,
     seq_ids: torch.Tensor,
-) -> int:
-    """The longest context of the rows; ValueError for any index out of range."""
-    bad = _first_bad_index(q.shape[0], k_cache.shape[0], k_cache.shape[1], block_tables.numpy(),
-                           seq_lens.numpy(), q_rows.numpy(), seq_ids.numpy())
+) -> DecodeRows:
+    """Check decode rows ``q_rows`` of sequences ``seq_ids`` against ``num_q`` query
+    rows and caches of ``num_blocks`` blocks of ``block_size`` tokens (ValueError for
+    any index out of range: the kernels do not bounds-check) and plan their scratch."""
+    _check_indices(block_tables, seq_lens, q_rows, seq_ids)
+    tables, lens = block_tables.numpy(), seq_lens.numpy()
+    rows, seqs = q_rows.numpy(), seq_ids.numpy()
+    bad = _first_bad_index(num_q, num_blocks, block_size, tables, lens, rows, seqs)
     if bad:
         raise ValueError(_BAD_INDEX[bad])
-    return int(seq_lens.numpy()[seq_ids.numpy()].max())
+    width = int(lens[seqs].max()) if rows.shape[0] else 0
+    scores = torch.empty((rows.shape[0], num_heads, width), dtype=torch.float32)
+    return DecodeRows(num_q, num_heads, num_blocks, block_size, rows, seqs, tables, lens,
+                      scores, torch.empty_like(scores))  # fmt: skip
+
+
+def decode_rows_attention(
+    rows: DecodeRows,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    kernels: CpuDecodeKernels,
+    num_threads: int | None = None,
+) -> None:
+    """Decode attention of the planned rows of ``q`` into the same rows of ``out`` (both
+    float32 [num_q, H, D]); the caches float32 or bfloat16 of the planned shape. One
+    layer's call: only the tensors are checked here, the indices were at planning."""
+    _check_tensors(q, k_cache, v_cache, out)
+    if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
+        k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
+        raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
+                         f"ones these rows were planned for ({rows.num_q} rows of "
+                         f"{rows.num_heads} heads, {rows.num_blocks} blocks of "
+                         f"{rows.block_size})")  # fmt: skip
+    if not rows.num_rows:
+        return
+    num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
+    bf16 = k_cache.dtype == torch.bfloat16
+    scores_kernel, weighted_sum_kernel = kernels.get(q.shape[1] // num_kv_heads, head_dim,
+                                                     num_kv_heads, bf16)
+    if bf16:  # the bit patterns (numba has no bfloat16)
+        k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
+    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    # Both settings are per calling thread in numba.
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    previous_chunk = numba.set_parallel_chunksize(CHUNK_SIZE)
+    try:
+        scores_kernel(q.numpy(), k_cache.numpy(), rows.block_tables, rows.seq_lens,
+                      rows.q_rows, rows.seq_ids, float(scale), rows.scores.numpy())
+        torch.softmax(rows.scores, dim=-1, out=rows.probs)
+        weighted_sum_kernel(rows.probs.numpy(), v_cache.numpy(), rows.block_tables,
+                            rows.seq_lens, rows.q_rows, rows.seq_ids, out.numpy())
+    finally:
+        numba.set_parallel_chunksize(previous_chunk)
 
 
 def cpu_paged_decode_attention(
@@ -279,7 +353,8 @@ def cpu_paged_decode_attention(
     ``kernels`` holds the compiled kernels between calls (keep one per backend: a new
     one loads them from numba's disk cache again);
     ``num_threads`` sets numba's threads (default: torch's intra-op threads, so one
-    setting governs both).
+    setting governs both). A caller running several layers over the same rows plans
+    them once (:func:`plan_decode_rows`) and calls :func:`decode_rows_attention`.
     """
     if q_rows is None:
         q_rows = torch.arange(q.shape[0], dtype=torch.int64)
@@ -287,30 +362,9 @@ def cpu_paged_decode_attention(
         seq_ids = torch.arange(q_rows.shape[0], dtype=torch.int64)
     if out is None:
         out = torch.empty_like(q)
-    _check(q, k_cache, v_cache, block_tables, seq_lens, q_rows, seq_ids, out)
-    if q_rows.numel() == 0:
-        return out
-    width = _check_indices(q, k_cache, block_tables, seq_lens, q_rows, seq_ids)
-    num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
-    bf16 = k_cache.dtype == torch.bfloat16
-    scores_kernel, weighted_sum_kernel = kernels.get(q.shape[1] // num_kv_heads, head_dim,
-                                                     num_kv_heads, bf16)
-    if bf16:  # the bit patterns (numba has no bfloat16)
-        k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
-    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-    # Both settings are per calling thread in numba.
-    if numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
-    previous_chunk = numba.set_parallel_chunksize(CHUNK_SIZE)
-    try:
-        tables, lens = block_tables.numpy(), seq_lens.numpy()
-        rows, seqs = q_rows.numpy(), seq_ids.numpy()
-        scores = torch.empty((rows.shape[0], q.shape[1], width), dtype=torch.float32)
-        scores_kernel(q.numpy(), k_cache.numpy(), tables, lens, rows, seqs, float(scale),
-                      scores.numpy())
-        probs = torch.softmax(scores, dim=-1)
-        weighted_sum_kernel(probs.numpy(), v_cache.numpy(), tables, lens, rows, seqs,
-                            out.numpy())
-    finally:
-        numba.set_parallel_chunksize(previous_chunk)
+    _check_tensors(q, k_cache, v_cache, out)
+    rows = plan_decode_rows(q.shape[0], q.shape[1], k_cache.shape[0], k_cache.shape[1],
+                            block_tables, seq_lens, q_rows, seq_ids)  # fmt: skip
+    decode_rows_attention(rows, q, k_cache, v_cache, scale, out, kernels=kernels,
+                          num_threads=num_threads)  # fmt: skip
     return out
