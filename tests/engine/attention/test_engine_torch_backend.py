@@ -126,3 +126,67 @@ def test_bfloat16_prefill_takes_sdpa_only_when_fused(
     q = torch.randn(5, H, D).to(torch.bfloat16)
     backend.forward(q, cache, cache.clone(), meta, D**-0.5)
     assert len(calls) == int(fused)
+
+
+def _layer(
+    shapes: list[tuple[int, int]], tables: list[list[int]], dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """One layer's caches holding each sequence's K/V (cached and new), its queries
+    and the dense reference outputs per sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    k_cache = torch.zeros(40, BS, HKV, D, dtype=dtype)
+    v_cache = torch.zeros(40, BS, HKV, D, dtype=dtype)
+    qs, refs = [], []
+    for (cached, new), table in zip(shapes, tables, strict=True):
+        k = torch.randn(cached + new, HKV, D, generator=gen).to(dtype)
+        v = torch.randn(cached + new, HKV, D, generator=gen).to(dtype)
+        for p in range(cached + new):
+            k_cache[table[p // BS], p % BS] = k[p]
+            v_cache[table[p // BS], p % BS] = v[p]
+        qs.append(torch.randn(new, H, D, generator=gen).to(dtype))
+        refs.append(_dense(qs[-1].float(), k.float(), v.float(), cached, D**-0.5))
+    return torch.cat(qs), k_cache, v_cache, refs
+
+
+def _meta(shapes: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMetadata:
+    qlens = tuple(n for _, n in shapes)
+    slens = tuple(c + n for c, n in shapes)
+    width = max(len(t) for t in tables)
+    qsl = [0]
+    for n in qlens:
+        qsl.append(qsl[-1] + n)
+    return AttentionMetadata(
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens=torch.tensor(slens, dtype=torch.int32),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        slot_mapping=torch.zeros(sum(qlens), dtype=torch.int64),  # K/V written above
+        max_query_len=max(qlens),
+        max_seq_len=max(slens),
+        query_lens_cpu=qlens,
+        seq_lens_cpu=slens,
+    )
+
+
+@pytest.mark.parametrize("backend_type", [TorchAttentionBackend, CpuAttentionBackend])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_plan_serves_every_layer_and_the_next_step_plans_anew(
+    backend_type: type[TorchAttentionBackend], dtype: torch.dtype
+) -> None:
+    """Backends plan a step's rows, masks and scratch at its first layer and reuse them
+    for the others (same metadata): each layer still reads its own caches and queries,
+    and a new step (new metadata, here decodes only) is planned again."""
+    backend = backend_type(fused_bf16_prefill=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    steps = [
+        ([(0, 6), (5, 3), (9, 1), (2, 1)], [[1, 2], [3, 4], [5, 6, 7], [8]]),
+        ([(10, 1), (3, 1), (17, 1)], [[9, 10, 11], [12], [13, 14, 15, 16, 17]]),
+    ]
+    for shapes, tables in steps:
+        meta = _meta(shapes, tables)
+        qsl = meta.query_start_loc.tolist()
+        for seed in (1, 2):  # two layers of one step
+            q, k_cache, v_cache, refs = _layer(shapes, tables, dtype, seed)
+            out = backend.forward(q, k_cache, v_cache, meta, D**-0.5)
+            for i, ref in enumerate(refs):
+                got = out[qsl[i] : qsl[i + 1]].float()
+                torch.testing.assert_close(got, ref, rtol=tol, atol=tol)

@@ -7,7 +7,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.kernels.cpu_decode_attention import CpuDecodeKernels, cpu_paged_decode_attention
+from engine.kernels.cpu_decode_attention import (
+    CpuDecodeKernels,
+    cpu_paged_decode_attention,
+    decode_rows_attention,
+    plan_decode_rows,
+)
 from engine.kernels.reference import reference_paged_decode
 from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
 
@@ -127,6 +132,35 @@ def test_out_of_range_rows_are_refused(kernels: CpuDecodeKernels) -> None:
     with pytest.raises(ValueError, match="seq_ids out of range"):
         cpu_paged_decode_attention(q, k, v, tables, lens, 0.25, kernels=kernels,
                                    q_rows=torch.tensor([0, 1]), seq_ids=torch.tensor([0, 2]))
+
+
+def test_planned_rows_serve_several_layers_and_refuse_other_shapes(
+    kernels: CpuDecodeKernels,
+) -> None:
+    """Rows planned once (indices checked then) run against each layer's caches; a q or
+    cache of another shape than planned is refused, not read out of bounds."""
+    layers = [build_paged_batch([1] * 3, [12, 30, 7], 6, 2, 64, 8, torch.float32, "cpu", seed=s)
+              for s in (3, 4)]  # fmt: skip
+    b = layers[0]  # both layers share tables and lengths (one step)
+    for other in layers[1:]:
+        other.block_tables.copy_(b.block_tables)
+    rows = plan_decode_rows(3, 6, b.k_cache.shape[0], b.k_cache.shape[1], b.block_tables,
+                            b.seq_lens, torch.arange(3), torch.arange(3))  # fmt: skip
+    for layer in layers:
+        out = torch.empty_like(layer.q)
+        decode_rows_attention(rows, layer.q, layer.k_cache, layer.v_cache, 0.125, out,
+                              kernels=kernels)  # fmt: skip
+        ref = reference_paged_decode(layer.q, layer.k_cache, layer.v_cache, b.block_tables,
+                                     b.seq_lens, 0.125)  # fmt: skip
+        torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+    with pytest.raises(ValueError, match="not the ones these rows were planned for"):
+        decode_rows_attention(rows, b.q, b.k_cache[:-1].contiguous(), b.v_cache[:-1].contiguous(),
+                              0.125, torch.empty_like(b.q), kernels=kernels)  # fmt: skip
+    with pytest.raises(ValueError, match="not the ones these rows were planned for"):
+        decode_rows_attention(rows, b.q[:2].contiguous(), b.k_cache, b.v_cache, 0.125,
+                              torch.empty_like(b.q[:2]), kernels=kernels)  # fmt: skip
+    with pytest.raises(ValueError, match="block ids outside the cache"):
+        plan_decode_rows(3, 6, 2, 8, b.block_tables, b.seq_lens, torch.arange(3), torch.arange(3))
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
