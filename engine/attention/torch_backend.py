@@ -49,7 +49,7 @@ class _PrefillChunk:
     table: torch.Tensor  # [num_blocks] int64 block ids of its context
     seq_len: int
     offset: int  # tokens cached before this chunk
-    # SDPA's additive mask [Q, L] in q's dtype (0 where visible, -inf after each
+    # The SDPA path's additive mask [Q, L] in q's dtype (0 where visible, -inf after each
     # query's position) for a chunk after cached tokens; None for offset 0 (causal).
     # Built once per step: per layer, building it and SDPA converting a boolean one
     # were 4 small ops (~1 ms of a 24-token step over 1,024 cached tokens).

@@ -244,7 +244,9 @@ def _check_indices(
 class DecodeRows:
     """The decode rows of one step, checked once against the step's block tables (every
     layer of a step reads the same ones), as the arrays the kernels take, with the
-    scratch every layer reuses. Build with :func:`plan_decode_rows`."""
+    scratch every layer reuses. Build with :func:`plan_decode_rows`. The arrays are
+    views of the tensors planned from, which must not change afterwards (the kernels
+    trust the indices they were checked with)."""
 
     num_q: int  # rows of q (and out) the indices were checked against
     num_heads: int
