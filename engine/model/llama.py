@@ -55,8 +55,9 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.stacked_sizes = (q_size, kv_size, kv_size)  # rows of q, k, v in qkv_proj
+        self.qk_size = q_size + kv_size  # q's and k's columns, adjacent: rotated together
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
 
     def forward(
         self,
@@ -68,14 +69,12 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t, h, d = x.shape[0], self.num_heads, self.head_dim
         qkv = self.qkv_proj(x)
-        qk_size = self.stacked_sizes[0] + self.stacked_sizes[1]
-        # q and k are adjacent columns: one rotation for both (views of its result)
-        qk = rotate(qkv[:, :qk_size].view(t, h + self.num_kv_heads, d), *rope)
-        q, k = qk[:, :h], qk[:, h:]
-        v = qkv[:, qk_size:].view(t, self.num_kv_heads, d)
+        qk = rotate(qkv[:, : self.qk_size].view(t, h + self.num_kv_heads, d), *rope)
+        q, k = qk[:, :h], qk[:, h:]  # views of the one rotation
+        v = qkv[:, self.qk_size :].view(t, self.num_kv_heads, d)
         backend.write_kv(k, v, cache[0], cache[1], meta.slot_mapping)
         o = backend.forward(q, cache[0], cache[1], meta, self.scale)
-        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+        return self.o_proj(o.reshape(t, h * d))
 
 
 class LlamaMLP(nn.Module):
