@@ -1,9 +1,11 @@
-"""Paged attention for CPU engines: decode rows through the numba kernel of
-:mod:`engine.kernels.cpu_decode_attention` (K/V read from the block pool in place),
-everything else as in :class:`engine.attention.torch_backend.TorchAttentionBackend`
-(KV write, prefill chunks; and decode too for a cache that is neither float32 nor
-bfloat16, which the kernel does not handle). A bfloat16 model's decode queries are
-widened to float32 for the kernel and its outputs rounded back.
+"""Paged attention for CPU engines: decode rows through the native AVX-512 kernel of
+:mod:`engine.kernels.cpu_native_attention` where it can be built, else the numba
+kernel of :mod:`engine.kernels.cpu_decode_attention` (both read K/V from the block pool
+in place); prefill chunks through the native kernel where it measured faster than
+torch's fused attention at start-up (:meth:`CpuAttentionBackend.prepare`), else as in
+:class:`engine.attention.torch_backend.TorchAttentionBackend`, which also writes the KV
+and serves caches that are neither float32 nor bfloat16. A bfloat16 model's queries
+are widened to float32 for the kernels and their outputs rounded back.
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -12,13 +14,17 @@ it were ~45% of a decode step (profile of bench/engine_throughput.py).
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.decode_groups import DEFAULT_GROUP_COST
-from engine.attention.torch_backend import PREFILL_TILE, TorchAttentionBackend
+from engine.attention.torch_backend import PREFILL_TILE, TorchAttentionBackend, _PrefillChunk
+from engine.kernels import native_build
 from engine.kernels.cpu_decode_attention import (
     CACHE_DTYPES,
     CpuDecodeKernels,
@@ -27,6 +33,17 @@ from engine.kernels.cpu_decode_attention import (
     decode_rows_attention,
     plan_decode_rows,
 )
+from engine.kernels.cpu_native_attention import (
+    ExtendChunk,
+    NativeKernels,
+    load_native_kernels,
+    native_decode_rows,
+    native_extend,
+    plan_extend,
+    supports,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,9 +58,15 @@ class _StepDecode:
     out32: torch.Tensor | None  # bfloat16: the kernel's float32 output [R, H, D]
 
 
+# The start-up race between the native prefill kernel and torch's fused attention: this
+# many query rows after this many cached tokens, best of PREFILL_TRIALS each.
+PREFILL_PROBE = (64, 192)
+PREFILL_TRIALS = 3
+
+
 class CpuAttentionBackend(TorchAttentionBackend):
-    """The torch backend with decode attention in the CPU paged kernel (float32 and
-    bfloat16 caches)."""
+    """The torch backend with decode (and, where faster, prefill) attention in CPU
+    paged kernels (float32 and bfloat16 caches)."""
 
     name = "cpu"
 
@@ -52,34 +75,158 @@ class CpuAttentionBackend(TorchAttentionBackend):
         group_cost: int = DEFAULT_GROUP_COST,
         prefill_tile: int = PREFILL_TILE,
         fused_bf16_prefill: bool | None = None,
+        native: bool | None = None,
+        native_prefill: bool | None = None,
+        native_cache_dir: Path | None = None,
     ) -> None:
-        """Arguments as for the torch backend (they govern its prefill, and decode for
-        caches the kernel does not take)."""
+        """The first three as for the torch backend (they govern its prefill, and decode
+        for caches the kernels do not take). ``native``: the native kernels (None: where
+        they build here; True: required, prepare() raises otherwise; False: numba and
+        torch only). ``native_prefill``: prefill through them too (None: if faster
+        here, measured by prepare()). ``native_cache_dir``: where their library is
+        built (default :func:`engine.kernels.native_build.default_cache_dir`)."""
         super().__init__(group_cost, prefill_tile, fused_bf16_prefill)
         self._kernels = CpuDecodeKernels()
+        self._want_native = native
+        self._want_native_prefill = native_prefill
+        self._native_cache_dir = native_cache_dir or native_build.default_cache_dir()
+        self._native: NativeKernels | None = None  # set by prepare() when they run here
+        self._native_prefill = False
         # This step's decode rows, planned (and checked) at the first layer and reused
         # by the others (same metadata object): checking the block tables, building
         # index tensors and scratch at every layer were ~20% of decode attention
         # (1.6 of 8.1 s on bench/engine_throughput.py's 64 requests).
         self._step: _StepDecode | None = None
+        # Likewise this step's prefill chunks for the native kernel, by first query row,
+        # with the torch plan's chunk list they were made for.
+        self._extend: tuple[list[_PrefillChunk], dict[int, ExtendChunk]] | None = None
 
     @property
     def kernels(self) -> CpuDecodeKernels:
-        """The compiled decode kernels this backend runs."""
+        """The compiled numba decode kernels (used where the native ones are not)."""
         return self._kernels
 
+    @property
+    def native(self) -> NativeKernels | None:
+        """The native kernels, once prepare() found they run here (else None)."""
+        return self._native
+
+    @property
+    def native_prefill(self) -> bool:
+        """Whether prefill chunks run in the native kernel (decided by prepare())."""
+        return self._native_prefill
+
     def prepare(self, num_heads: int, k_cache: torch.Tensor) -> None:
-        """Compile (first time on a machine, seconds) or load from numba's disk cache
-        the decode kernels for this shape, by running them once on a one-token context."""
+        """Build or load the kernels for this shape before the first step: the native
+        library (first time on a machine ~8 s, then loaded from its cache directory)
+        and its launchers, else the numba decode kernels (first time seconds, then from
+        numba's disk cache); and decide where prefill runs."""
         if k_cache.dtype not in CACHE_DTYPES:
             return
         _, block_size, num_kv_heads, head_dim = k_cache.shape
+        if self._want_native is not False:
+            self._native = self._load_native(num_heads, num_kv_heads, head_dim)
         cache = torch.zeros((1, block_size, num_kv_heads, head_dim), dtype=k_cache.dtype)
-        cpu_paged_decode_attention(
-            torch.zeros((1, num_heads, head_dim)), cache, cache.clone(),
-            torch.zeros((1, 1), dtype=torch.int32), torch.ones(1, dtype=torch.int32), 1.0,
-            kernels=self._kernels,
+        q = torch.zeros((1, num_heads, head_dim))
+        table = torch.zeros((1, 1), dtype=torch.int32)
+        if self._native is None:
+            cpu_paged_decode_attention(q, cache, cache.clone(), table,
+                                       torch.ones(1, dtype=torch.int32), 1.0,
+                                       kernels=self._kernels)  # fmt: skip
+            return
+        rows = plan_decode_rows(1, num_heads, 1, block_size, table,
+                                torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+                                torch.zeros(1, dtype=torch.int64), scratch=False)  # fmt: skip
+        native_decode_rows(self._native, rows, q, cache, cache.clone(), 1.0, torch.empty_like(q))
+        if self._want_native_prefill is None:
+            self._native_prefill = self._native_prefill_faster(num_heads, k_cache)
+        else:
+            self._native_prefill = self._want_native_prefill
+        log.info("cpu attention: native decode kernels; prefill in %s",
+                 "the native kernel" if self._native_prefill else "torch")  # fmt: skip
+
+    def _load_native(
+        self, num_heads: int, num_kv_heads: int, head_dim: int
+    ) -> NativeKernels | None:
+        reason = native_build.unavailable_reason()
+        if reason is None and not supports(num_heads, num_kv_heads, head_dim):
+            reason = (f"they are not built for {num_heads} heads over {num_kv_heads} KV "
+                      f"heads of head_dim {head_dim}")  # fmt: skip
+        if reason is None:
+            try:
+                return load_native_kernels(self._native_cache_dir)
+            except (RuntimeError, OSError) as exc:
+                reason = str(exc)
+        if self._want_native:
+            raise RuntimeError(f"native CPU attention kernels unavailable: {reason}")
+        log.warning("cpu attention: native kernels unavailable (%s); numba decode kernels", reason)
+        return None
+
+    def _native_prefill_faster(self, num_heads: int, k_cache: torch.Tensor) -> bool:
+        """Race the native prefill kernel against torch's fused attention on a probe
+        chunk of this model's shape (interleaved, best of a few each; ~10 ms)."""
+        assert self._native is not None
+        q_len, cached = PREFILL_PROBE
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        seq_len = q_len + cached
+        blocks = -(-seq_len // block_size)
+        gen = torch.Generator().manual_seed(0)
+        kc, vc = (torch.randn((blocks, block_size, num_kv_heads, head_dim), generator=gen)
+                  .to(k_cache.dtype) for _ in range(2))  # fmt: skip
+        q = torch.randn((q_len, num_heads, head_dim), generator=gen)
+        table = torch.arange(blocks, dtype=torch.int32)
+        meta = AttentionMetadata(
+            torch.tensor([0, q_len], dtype=torch.int32), torch.tensor([seq_len], dtype=torch.int32),
+            table.unsqueeze(0), torch.zeros(q_len, dtype=torch.int64), q_len, seq_len,
+            (q_len,), (seq_len,),
         )  # fmt: skip
+        chunk = self._prefill_plan(meta, [0, q_len], block_size, q.to(k_cache.dtype))[0]
+        self._prefill = None  # a probe, not a step
+        native_chunk = plan_extend(table, seq_len, q_len, blocks, block_size)
+        qd, out = q.to(k_cache.dtype), torch.empty_like(q)
+        best = {"native": float("inf"), "torch": float("inf")}
+        for _ in range(PREFILL_TRIALS + 1):  # the first of each warms up
+            start = time.perf_counter()
+            native_extend(self._native, native_chunk, q, kc, vc, 0.125, out)
+            best["native"] = min(best["native"], time.perf_counter() - start)
+            start = time.perf_counter()
+            super()._prefill_one(qd, kc, vc, chunk, 0.125)
+            best["torch"] = min(best["torch"], time.perf_counter() - start)
+        log.info("cpu attention: prefill probe native %.2f ms, torch %.2f ms",
+                 best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
+        return best["native"] <= best["torch"]
+
+    def _prefill_one(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        chunk: _PrefillChunk,
+        scale: float,
+    ) -> torch.Tensor:
+        if not self._native_prefill or self._native is None or k_cache.dtype not in CACHE_DTYPES:
+            return super()._prefill_one(q, k_cache, v_cache, chunk, scale)
+        plan = self._extend_plan(chunk, k_cache)
+        q32 = q.float().contiguous()
+        out = torch.empty_like(q32)
+        native_extend(self._native, plan, q32, k_cache, v_cache, scale, out)
+        return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+    def _extend_plan(self, chunk: _PrefillChunk, k_cache: torch.Tensor) -> ExtendChunk:
+        """The native plan of ``chunk``, made at the step's first layer (the torch
+        backend plans the step's chunks once; this keys on that plan's list)."""
+        assert self._prefill is not None  # forward() planned this step's chunks
+        step_chunks = self._prefill[3]
+        if self._extend is None or self._extend[0] is not step_chunks:
+            self._extend = (step_chunks, {})
+        plans = self._extend[1]
+        plan = plans.get(chunk.start)
+        if plan is None:
+            q_len, (num_blocks, block_size) = chunk.end - chunk.start, k_cache.shape[:2]
+            plan = plan_extend(chunk.table.to(torch.int32), chunk.seq_len, q_len, num_blocks,
+                               block_size)  # fmt: skip
+            plans[chunk.start] = plan
+        return plan
 
     def _decode_rows(
         self,
@@ -98,17 +245,29 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if not step.rows.num_rows:
             return
         if q.dtype == torch.float32:
-            decode_rows_attention(step.rows, q.contiguous(), k_cache, v_cache, scale, out,
-                                  kernels=self._kernels)  # fmt: skip
+            self._attend(step.rows, q.contiguous(), k_cache, v_cache, scale, out)
             return
         assert step.out32 is not None
         q32 = q.float() if step.all_rows else q.index_select(0, step.q_index).float()
-        decode_rows_attention(step.rows, q32, k_cache, v_cache, scale, step.out32,
-                              kernels=self._kernels)  # fmt: skip
+        self._attend(step.rows, q32, k_cache, v_cache, scale, step.out32)
         if step.all_rows:
             out.copy_(step.out32)
         else:
             out.index_copy_(0, step.q_index, step.out32.to(out.dtype))
+
+    def _attend(
+        self,
+        rows: DecodeRows,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        if self._native is not None:
+            native_decode_rows(self._native, rows, q, k_cache, v_cache, scale, out)
+        else:
+            decode_rows_attention(rows, q, k_cache, v_cache, scale, out, kernels=self._kernels)
 
     def _step_decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata, qsl: list[int]
@@ -120,15 +279,17 @@ class CpuAttentionBackend(TorchAttentionBackend):
         q_index = torch.tensor([qsl[i] for i in decodes], dtype=torch.int64)
         seq_ids = torch.tensor(decodes, dtype=torch.int64)
         num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
+        scratch = self._native is None
         if q.dtype == torch.float32:  # the kernel reads q and writes out in place
             rows = plan_decode_rows(q.shape[0], q.shape[1], num_blocks, block_size,
-                                    meta.block_tables, meta.seq_lens, q_index, seq_ids)  # fmt: skip
+                                    meta.block_tables, meta.seq_lens, q_index, seq_ids,
+                                    scratch)  # fmt: skip
             out32 = None
         else:  # it reads a float32 copy of the decode rows alone
             r = len(decodes)
             own_rows = torch.arange(r, dtype=torch.int64)
             rows = plan_decode_rows(r, q.shape[1], num_blocks, block_size, meta.block_tables,
-                                    meta.seq_lens, own_rows, seq_ids)  # fmt: skip
+                                    meta.seq_lens, own_rows, seq_ids, scratch)  # fmt: skip
             out32 = torch.empty((r, q.shape[1], q.shape[2]), dtype=torch.float32)
         self._step = _StepDecode(
             meta, q.dtype, rows, q_index, len(decodes) == q.shape[0], out32

@@ -199,7 +199,7 @@ class CpuDecodeKernels:
         return self._built[key]
 
 
-def _check_tensors(
+def check_tensors(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
 ) -> None:
     for name, t in (("q", q), ("out", out)):
@@ -256,7 +256,7 @@ class DecodeRows:
     seq_ids: np.ndarray  # [R] int64 their sequences
     block_tables: np.ndarray  # [S, max_blocks] int32
     seq_lens: np.ndarray  # [S] int32
-    scores: torch.Tensor  # [R, H, longest context] float32 scratch
+    scores: torch.Tensor  # [R, H, longest context] float32 scratch ([0, H, 0] if none)
     probs: torch.Tensor  # the same shape
 
     @property
@@ -273,18 +273,20 @@ def plan_decode_rows(
     seq_lens: torch.Tensor,
     q_rows: torch.Tensor,
     seq_ids: torch.Tensor,
+    scratch: bool = True,
 ) -> DecodeRows:
     """Check decode rows ``q_rows`` of sequences ``seq_ids`` against ``num_q`` query
     rows and caches of ``num_blocks`` blocks of ``block_size`` tokens (ValueError for
-    any index out of range: the kernels do not bounds-check) and plan their scratch."""
+    any index out of range: the kernels do not bounds-check) and plan their scratch;
+    ``scratch=False``: none (for the native kernels, which keep no scores)."""
     _check_indices(block_tables, seq_lens, q_rows, seq_ids)
     tables, lens = block_tables.numpy(), seq_lens.numpy()
     rows, seqs = q_rows.numpy(), seq_ids.numpy()
     bad = _first_bad_index(num_q, num_blocks, block_size, tables, lens, rows, seqs)
     if bad:
         raise ValueError(_BAD_INDEX[bad])
-    width = int(lens[seqs].max()) if rows.shape[0] else 0
-    scores = torch.empty((rows.shape[0], num_heads, width), dtype=torch.float32)
+    width = int(lens[seqs].max()) if rows.shape[0] and scratch else 0
+    scores = torch.empty((rows.shape[0] if scratch else 0, num_heads, width), dtype=torch.float32)
     return DecodeRows(num_q, num_heads, num_blocks, block_size, rows, seqs, tables, lens,
                       scores, torch.empty_like(scores))  # fmt: skip
 
@@ -303,7 +305,7 @@ def decode_rows_attention(
     """Decode attention of the planned rows of ``q`` into the same rows of ``out`` (both
     float32 [num_q, H, D]); the caches float32 or bfloat16 of the planned shape. One
     layer's call: only the tensors are checked here, the indices were at planning."""
-    _check_tensors(q, k_cache, v_cache, out)
+    check_tensors(q, k_cache, v_cache, out)
     if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
         k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
@@ -312,6 +314,8 @@ def decode_rows_attention(
                          f"{rows.block_size})")  # fmt: skip
     if not rows.num_rows:
         return
+    if rows.scores.shape[0] != rows.num_rows:
+        raise ValueError("these rows were planned without scratch (scratch=False)")
     num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
     bf16 = k_cache.dtype == torch.bfloat16
     scores_kernel, weighted_sum_kernel = kernels.get(q.shape[1] // num_kv_heads, head_dim,
@@ -364,7 +368,7 @@ def cpu_paged_decode_attention(
         seq_ids = torch.arange(q_rows.shape[0], dtype=torch.int64)
     if out is None:
         out = torch.empty_like(q)
-    _check_tensors(q, k_cache, v_cache, out)
+    check_tensors(q, k_cache, v_cache, out)
     rows = plan_decode_rows(q.shape[0], q.shape[1], k_cache.shape[0], k_cache.shape[1],
                             block_tables, seq_lens, q_rows, seq_ids)  # fmt: skip
     decode_rows_attention(rows, q, k_cache, v_cache, scale, out, kernels=kernels,

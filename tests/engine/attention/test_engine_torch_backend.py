@@ -9,8 +9,32 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.kernels import native_build
 
-H, HKV, D, BS = 4, 2, 8, 4
+H, HKV, D, BS = 4, 2, 16, 4
+
+
+class NumbaCpuBackend(CpuAttentionBackend):
+    """The CPU backend on its numba decode kernel (native kernels off)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, native=False, **kwargs)  # type: ignore[arg-type]
+
+
+class NativeCpuBackend(CpuAttentionBackend):
+    """The CPU backend with decode and prefill in the native kernels."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, native=True, native_prefill=True, **kwargs)  # type: ignore[arg-type]
+
+
+NATIVE_WHY_NOT = native_build.unavailable_reason()
+BACKENDS = [
+    TorchAttentionBackend,
+    NumbaCpuBackend,
+    pytest.param(NativeCpuBackend, marks=pytest.mark.skipif(
+        NATIVE_WHY_NOT is not None, reason=f"native kernels: {NATIVE_WHY_NOT}")),
+]  # fmt: skip
 
 
 def _dense(
@@ -29,8 +53,8 @@ def _dense(
 # torch: float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls;
 # float32 prefill through SDPA (with a shifted mask over a cached prefix), bfloat16 in
 # tiles or (fused) through SDPA too. cpu: float32 and bfloat16 decodes in the numba
-# kernel, the rest as torch.
-@pytest.mark.parametrize("backend_type", [TorchAttentionBackend, CpuAttentionBackend])
+# kernel, the rest as torch; or decodes and prefill chunks in the native kernels.
+@pytest.mark.parametrize("backend_type", BACKENDS)
 @pytest.mark.parametrize(
     ("dtype", "fused"), [(torch.float32, None), (torch.bfloat16, False), (torch.bfloat16, True)]
 )
@@ -49,6 +73,7 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(
     num_blocks = 40
     k_cache = torch.zeros(num_blocks, BS, HKV, D, dtype=dtype)
     v_cache = torch.zeros(num_blocks, BS, HKV, D, dtype=dtype)
+    backend.prepare(H, k_cache)  # as an engine does before its first step
     free = list(torch.randperm(num_blocks, generator=gen).tolist())
     full_k, full_v, tables = [], [], []
     for cached, new in shapes:
@@ -167,7 +192,7 @@ def _meta(shapes: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMe
     )
 
 
-@pytest.mark.parametrize("backend_type", [TorchAttentionBackend, CpuAttentionBackend])
+@pytest.mark.parametrize("backend_type", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_step_plan_serves_every_layer_and_the_next_step_plans_anew(
     backend_type: type[TorchAttentionBackend], dtype: torch.dtype
@@ -176,6 +201,7 @@ def test_a_step_plan_serves_every_layer_and_the_next_step_plans_anew(
     for the others (same metadata): each layer still reads its own caches and queries,
     and a new step (new metadata, here decodes only) is planned again."""
     backend = backend_type(fused_bf16_prefill=True)
+    backend.prepare(H, torch.zeros(1, BS, HKV, D, dtype=dtype))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     steps = [
         ([(0, 6), (5, 3), (9, 1), (2, 1)], [[1, 2], [3, 4], [5, 6, 7], [8]]),

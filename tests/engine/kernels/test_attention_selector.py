@@ -12,6 +12,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend, kernels_run_on_cpu
 from engine.config import EngineConfig
 from engine.factory import build_llm_engine, load_model
+from engine.kernels import native_build
 
 
 def test_auto_is_the_cpu_kernels_on_cpu_and_triton_on_cuda() -> None:
@@ -62,14 +63,47 @@ def test_without_a_threadsafe_numba_back_end_auto_falls_back_to_torch(
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cpu_engines_compile_their_decode_kernels_when_built(dtype: str) -> None:
-    """Before any request: the first decode step must not wait for numba."""
+    """Before any request: the first decode step must not wait for a compiler (the
+    native kernels' launchers where they run here, else numba's decode kernels)."""
     config = EngineConfig.tiny(dtype=dtype, attention_backend="cpu")
     engine = build_llm_engine(config, load_model(config))
     backend = engine.runner.backend
     assert isinstance(backend, CpuAttentionBackend)
     cfg = engine.runner.model.config
-    group = cfg.num_attention_heads // cfg.num_key_value_heads
-    kernels = backend.kernels.get(group, cfg.head_size, cfg.num_key_value_heads,
-                                  dtype == "bfloat16")  # fmt: skip
-    assert all(k.signatures for k in kernels)
+    cache_dtype = getattr(torch, dtype)
+    if native_build.unavailable_reason() is None:
+        assert backend.native is not None
+        assert backend.native.decode[cache_dtype].signatures
+        assert isinstance(backend.native_prefill, bool)
+    else:
+        assert backend.native is None
+        group = cfg.num_attention_heads // cfg.num_key_value_heads
+        kernels = backend.kernels.get(group, cfg.head_size, cfg.num_key_value_heads,
+                                      dtype == "bfloat16")  # fmt: skip
+        assert all(k.signatures for k in kernels)
     assert engine.num_steps == 0
+
+
+def test_cpu_backend_without_native_kernels_compiles_numba_ones() -> None:
+    backend = CpuAttentionBackend(native=False)
+    backend.prepare(4, torch.zeros(1, 16, 2, 16))
+    assert backend.native is None and not backend.native_prefill
+    assert all(k.signatures for k in backend.kernels.get(2, 16, 2, False))
+
+
+def test_native_kernels_that_cannot_build_fall_back_or_fail_when_required(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(native_build, "unavailable_reason", lambda flags=None: "no AVX-512 here")
+    cache = torch.zeros(1, 16, 2, 16)
+    backend = CpuAttentionBackend()
+    with caplog.at_level("WARNING"):
+        backend.prepare(4, cache)
+    assert backend.native is None and "no AVX-512 here" in caplog.text
+    with pytest.raises(RuntimeError, match="no AVX-512 here"):
+        CpuAttentionBackend(native=True).prepare(4, cache)
+    # a head layout the library is not built for (head_dim 8) falls back the same way
+    monkeypatch.undo()
+    backend = CpuAttentionBackend()
+    backend.prepare(4, torch.zeros(1, 16, 2, 8))
+    assert backend.native is None

@@ -1,0 +1,231 @@
+"""Paged attention on CPU in native AVX-512 code: decode rows and prefill chunks read
+K/V from the block pool in place, one pass of online softmax each.
+
+The kernels are ``native/cpu_attention.cpp`` (built and loaded by
+:mod:`engine.kernels.native_build`); here are their launchers, numba functions that
+hand one work item at a time to numba's threads (a decode row; a KV head over a tile
+of :data:`QUERY_TILE` query rows of a prefill chunk, the last tiles, which see the most
+keys, first), and the checks that go before them: the kernels trust every index.
+Shapes and layout are those of :mod:`engine.kernels.cpu_decode_attention`; q and out
+are float32, the caches float32 or bfloat16, head_dim one of
+:data:`engine.kernels.native_build.HEAD_DIMS` and up to ``MAX_GROUP`` query heads per
+KV head.
+
+Why: on a Zen 4 EPYC (2 threads, bfloat16) torch's fused CPU attention ran prefill at
+~47 GFLOP/s (6.4 ms per layer for 512 causal tokens) and the numba decode kernels at
+~24 GFLOP/s, compute-bound with the K/V in cache (see bench/cpu_attention.py).
+
+kernels (C++) -> launchers (``_decode_driver``, ``_extend_driver``) -> public functions
+(:func:`native_decode_rows`, :func:`plan_extend`, :func:`native_extend`). The reference
+is :mod:`engine.kernels.reference`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+
+from engine.kernels import native_build
+from engine.kernels.cpu_decode_attention import CHUNK_SIZE, DecodeRows, check_tensors
+
+QUERY_TILE = 16  # query rows of a prefill chunk per work item (times the heads of a KV head)
+
+Kernel = Callable[..., Any]
+
+
+def _decode_driver(fn: Any) -> Kernel:
+    @numba.njit(parallel=True, nogil=True)
+    def drive(  # type: ignore[no-untyped-def]  # numba-typed
+        head_dim, group, q, k_cache, v_cache, block_tables, seq_lens, q_rows, seq_ids, scale, out
+    ):
+        bad = 0
+        for r in numba.prange(q_rows.shape[0]):
+            qi, seq = q_rows[r], seq_ids[r]
+            bad += fn(head_dim, group, q[qi].ctypes.data, k_cache.ctypes.data,
+                      v_cache.ctypes.data, block_tables[seq].ctypes.data, seq_lens[seq],
+                      k_cache.shape[1], k_cache.shape[2], scale, out[qi].ctypes.data)  # fmt: skip
+        return bad
+
+    return drive
+
+
+def _extend_driver(fn: Any) -> Kernel:
+    @numba.njit(parallel=True, nogil=True)
+    def drive(  # type: ignore[no-untyped-def]  # numba-typed
+        head_dim, group, q, k_cache, v_cache, table, offset, scale, out, tile
+    ):
+        q_len, num_kv_heads = q.shape[0], k_cache.shape[2]
+        tiles = (q_len + tile - 1) // tile
+        bad = 0
+        for item in numba.prange(tiles * num_kv_heads):
+            a = (tiles - 1 - item // num_kv_heads) * tile
+            bad += fn(head_dim, group, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data,
+                      table.ctypes.data, offset, a, min(a + tile, q_len),
+                      item % num_kv_heads, k_cache.shape[1], num_kv_heads, scale,
+                      out.ctypes.data)  # fmt: skip
+        return bad
+
+    return drive
+
+
+@dataclass(frozen=True)
+class NativeKernels:
+    """The loaded library and the launchers for each cache dtype (numba compiles each
+    launcher at its first call, under a second)."""
+
+    library: native_build.NativeLibrary
+    decode: dict[torch.dtype, Kernel]
+    extend: dict[torch.dtype, Kernel]
+
+
+@functools.cache
+def load_native_kernels(cache_dir: Path) -> NativeKernels:
+    """Build or load the library (:func:`engine.kernels.native_build.load`) and wrap it.
+    Memoised per process like the library: its launchers close over its entry points,
+    and every backend of a process can share them."""
+    lib = native_build.load(cache_dir)
+    return NativeKernels(
+        lib,
+        {torch.float32: _decode_driver(lib.decode_f32),
+         torch.bfloat16: _decode_driver(lib.decode_bf16)},
+        {torch.float32: _extend_driver(lib.extend_f32),
+         torch.bfloat16: _extend_driver(lib.extend_bf16)},
+    )  # fmt: skip
+
+
+def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the library was built for this head layout."""
+    return (
+        head_dim in native_build.HEAD_DIMS
+        and num_kv_heads > 0
+        and num_heads % num_kv_heads == 0
+        and 1 <= num_heads // num_kv_heads <= native_build.MAX_GROUP
+    )
+
+
+def _check_layout(q: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int]:
+    """(head_dim, group) of checked tensors, ValueError if the library lacks them."""
+    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
+    if not supports(num_heads, num_kv_heads, head_dim):
+        raise ValueError(f"native kernels: {num_heads} query heads over {num_kv_heads} KV "
+                         f"heads of head_dim {head_dim} (built for head_dim "
+                         f"{native_build.HEAD_DIMS}, 1-{native_build.MAX_GROUP} query "
+                         "heads per KV head)")  # fmt: skip
+    return head_dim, num_heads // num_kv_heads
+
+
+def _arrays(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    if k_cache.dtype == torch.bfloat16:  # their bit patterns (numpy has no bfloat16)
+        return k_cache.view(torch.int16).numpy(), v_cache.view(torch.int16).numpy()
+    return k_cache.numpy(), v_cache.numpy()
+
+
+def _set_threads(num_threads: int | None) -> None:
+    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    if numba.get_num_threads() != threads:  # per calling thread in numba
+        numba.set_num_threads(threads)
+
+
+def native_decode_rows(
+    kernels: NativeKernels,
+    rows: DecodeRows,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    num_threads: int | None = None,
+) -> None:
+    """Decode attention of the planned rows (``plan_decode_rows``: their indices were
+    checked there) of ``q`` into the same rows of ``out``."""
+    check_tensors(q, k_cache, v_cache, out)
+    if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
+        k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
+        raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
+                         f"ones these rows were planned for")  # fmt: skip
+    head_dim, group = _check_layout(q, k_cache)
+    if not rows.num_rows:
+        return
+    k, v = _arrays(k_cache, v_cache)
+    _set_threads(num_threads)
+    previous = numba.set_parallel_chunksize(CHUNK_SIZE)
+    try:
+        bad = kernels.decode[k_cache.dtype](
+            head_dim, group, q.numpy(), k, v, rows.block_tables, rows.seq_lens, rows.q_rows,
+            rows.seq_ids, float(scale), out.numpy(),
+        )  # fmt: skip
+    finally:
+        numba.set_parallel_chunksize(previous)
+    if bad:
+        raise RuntimeError("native decode kernel refused its arguments")
+
+
+@dataclass(frozen=True)
+class ExtendChunk:
+    """One sequence's prefill chunk, checked once per step (see :func:`plan_extend`)."""
+
+    table: np.ndarray  # [blocks of its context] int32 block ids
+    seq_len: int  # context after the chunk
+    q_len: int  # its query rows, at positions seq_len - q_len .. seq_len - 1
+    num_blocks: int  # cache blocks ...
+    block_size: int  # ... of this many tokens the ids were checked against
+
+
+def plan_extend(
+    block_table: torch.Tensor, seq_len: int, q_len: int, num_blocks: int, block_size: int
+) -> ExtendChunk:
+    """Check a chunk of ``q_len`` query rows ending a context of ``seq_len`` tokens whose
+    blocks ``block_table`` lists (a row of the step's int32 tables, padded or not)
+    against caches of ``num_blocks`` blocks of ``block_size`` tokens (ValueError)."""
+    if not 1 <= q_len <= seq_len:
+        raise ValueError(f"a chunk of {q_len} query rows ending a {seq_len}-token context")
+    need = -(-seq_len // block_size)
+    if block_table.dim() != 1 or block_table.dtype != torch.int32 or block_table.shape[0] < need:
+        raise ValueError(f"block_table: need >= {need} int32 block ids, got "
+                         f"{tuple(block_table.shape)} {block_table.dtype}")  # fmt: skip
+    table = np.ascontiguousarray(block_table[:need].numpy())
+    if table.min() < 0 or table.max() >= num_blocks:
+        raise ValueError("block_table holds block ids outside the cache")
+    return ExtendChunk(table, seq_len, q_len, num_blocks, block_size)
+
+
+def native_extend(
+    kernels: NativeKernels,
+    chunk: ExtendChunk,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    num_threads: int | None = None,
+    query_tile: int = QUERY_TILE,
+) -> None:
+    """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
+    context (the cached prefix and the chunk's own K/V, already written) into ``out``."""
+    check_tensors(q, k_cache, v_cache, out)
+    if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (
+            chunk.num_blocks, chunk.block_size):  # fmt: skip
+        raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
+                         f"ones this chunk was planned for")  # fmt: skip
+    if query_tile < 1:
+        raise ValueError(f"query_tile must be positive, got {query_tile}")
+    head_dim, group = _check_layout(q, k_cache)
+    k, v = _arrays(k_cache, v_cache)
+    _set_threads(num_threads)
+    previous = numba.set_parallel_chunksize(CHUNK_SIZE)
+    try:
+        bad = kernels.extend[k_cache.dtype](
+            head_dim, group, q.numpy(), k, v, chunk.table, chunk.seq_len - chunk.q_len,
+            float(scale), out.numpy(), query_tile,
+        )  # fmt: skip
+    finally:
+        numba.set_parallel_chunksize(previous)
+    if bad:
+        raise RuntimeError("native extend kernel refused its arguments")

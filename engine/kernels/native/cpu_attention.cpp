@@ -1,0 +1,301 @@
+// Paged attention for x86-64 CPUs with AVX-512, reading K/V from the block pool in place.
+//
+// Built and loaded by engine/kernels/native_build.py (g++ -O3 -march=native), called from
+// the numba drivers of engine/kernels/cpu_native_attention.py, one call per work item
+// (decode: one row; extend: one KV head over a tile of query rows), so the threads are
+// numba's. Layout as in engine/attention/base.py:
+//
+//   q, out     [rows, H, D] float32, H = num_kv_heads * G (query heads of a KV head adjacent)
+//   k/v_cache  [num_blocks, block_size, num_kv_heads, D] float32 or bfloat16 bits (uint16)
+//   token t of a sequence -> table[t / block_size], offset t % block_size
+//
+// Both kernels are one pass of online softmax over 16-key tiles (flash attention): a
+// tile's 16 dot products of one query are 16 vectors of partial sums, folded into one
+// vector of 16 scores by a transposing tree (hsum16) rather than 16 horizontal
+// reductions; exp is a degree-7 polynomial with scalef; the arithmetic is float32 (a
+// bfloat16 is the top half of a float32, so widening is exact).
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <new>
+
+namespace {
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+    __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// v[0..15] -> the vector of their horizontal sums, lane i = sum of v[i].
+inline __m512 hsum16(const __m512* v) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
+        x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88),
+                         _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+}
+
+// e^x for x <= 0 (x - running max), within ~2 ulp; x below -87.3 gives ~1e-38, so
+// callers zero masked lanes themselves.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln 2, hi and lo parts
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+constexpr int TILE = 16;  // keys per tile
+constexpr int PREFETCH_TILES = 2;  // decode: how far ahead the next tiles' K/V rows are fetched
+
+struct Paged {
+    int64_t token, block;  // elements between tokens of a block, between blocks
+    const int32_t* table;
+    int block_size;
+    int64_t at(int t) const { return table[t / block_size] * block + (t % block_size) * token; }
+};
+
+// One softmax row's running state: max, sum of exponentials, and C vectors of output.
+template <int C>
+struct RowState {
+    float m = -INFINITY, l = 0.0f;
+    __m512 acc[C];
+    RowState() {
+        for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    }
+    // Fold in a tile's scores ``s`` (lanes outside ``valid`` ignored); the tile's
+    // probabilities, unnormalised, go to ``p``.
+    void scores(__m512 s, __mmask16 valid, float* p) {
+        s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s);
+        float mt = _mm512_reduce_max_ps(s);
+        if (mt > m) {
+            float alpha = expf(m - mt);
+            __m512 a = _mm512_set1_ps(alpha);
+            for (int c = 0; c < C; c++) acc[c] = _mm512_mul_ps(acc[c], a);
+            l *= alpha;
+            m = mt;
+        }
+        __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        l += _mm512_reduce_add_ps(e);
+        _mm512_storeu_ps(p, e);
+    }
+    void store(float* out) const {
+        __m512 inv = _mm512_set1_ps(l);
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(acc[c], inv));
+    }
+};
+
+// Decode: one query row (all H heads) over its sequence's ``length`` tokens. Per tile,
+// every KV head in turn, so each token's K (and V) row is read whole, once.
+template <int D, int G, typename T>
+void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                int length, int block_size, int num_kv_heads, float scale, float* out) {
+    constexpr int C = D / 16;
+    const int64_t token = int64_t(num_kv_heads) * D;
+    const Paged pg{token, int64_t(block_size) * token, table, block_size};
+    const int row_lines = int((token * int64_t(sizeof(T)) + 63) / 64);
+    RowState<C>* state = static_cast<RowState<C>*>(
+        __builtin_alloca(sizeof(RowState<C>) * num_kv_heads * G + 64));
+    state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
+    for (int i = 0; i < num_kv_heads * G; i++) new (&state[i]) RowState<C>();
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int t0 = 0; t0 < length; t0 += TILE) {
+        const int n = length - t0 < TILE ? length - t0 : TILE;
+        const __mmask16 valid = __mmask16((1u << n) - 1);
+        for (int t = t0 + TILE * PREFETCH_TILES; t < t0 + TILE * (PREFETCH_TILES + 1) && t < length; t++) {
+            const int64_t b = pg.at(t);
+            for (int l = 0; l < row_lines; l++) {
+                _mm_prefetch(reinterpret_cast<const char*>(k_cache + b) + 64 * l, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(v_cache + b) + 64 * l, _MM_HINT_T0);
+            }
+        }
+        int64_t base[TILE];
+        for (int i = 0; i < TILE; i++) base[i] = pg.at(t0 + (i < n ? i : 0));
+        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
+            __m512 qv[G][C];
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < C; c++)
+                    qv[g][c] = _mm512_mul_ps(_mm512_loadu_ps(q + (kvh * G + g) * D + 16 * c), vscale);
+            __m512 part[G][TILE];
+            for (int i = 0; i < TILE; i++) {
+                __m512 kv[C];
+                for (int c = 0; c < C; c++) kv[c] = load16(k_cache + base[i] + kvh * D + 16 * c);
+                for (int g = 0; g < G; g++) {
+                    __m512 s = _mm512_mul_ps(qv[g][0], kv[0]);
+                    for (int c = 1; c < C; c++) s = _mm512_fmadd_ps(qv[g][c], kv[c], s);
+                    part[g][i] = s;
+                }
+            }
+            alignas(64) float p[G][TILE];
+            RowState<C>* st = state + kvh * G;
+            for (int g = 0; g < G; g++) st[g].scores(hsum16(part[g]), valid, p[g]);
+            __m512 acc[G][C];
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < C; c++) acc[g][c] = st[g].acc[c];
+            for (int i = 0; i < n; i++) {
+                __m512 vv[C];
+                for (int c = 0; c < C; c++) vv[c] = load16(v_cache + base[i] + kvh * D + 16 * c);
+                for (int g = 0; g < G; g++) {
+                    __m512 w = _mm512_set1_ps(p[g][i]);
+                    for (int c = 0; c < C; c++) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < C; c++) st[g].acc[c] = acc[g][c];
+        }
+    }
+    for (int h = 0; h < num_kv_heads * G; h++) state[h].store(out + h * D);
+}
+
+// Extend: query rows [a, b) of one sequence's chunk, for the G heads of KV head ``kvh``;
+// row i sits at position offset + i and sees keys 0 .. offset + i (causal after the
+// cached prefix). Each K/V tile is widened once into a float32 buffer and serves every
+// row of the item; a row stops at its last visible tile.
+template <int D, typename T>
+void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                 int offset, int a, int b, int kvh, int group, int block_size,
+                 int num_kv_heads, float scale, float* out) {
+    constexpr int C = D / 16;
+    const int heads = num_kv_heads * group;
+    const int64_t token = int64_t(num_kv_heads) * D;
+    const Paged pg{token, int64_t(block_size) * token, table, block_size};
+    const int rows = (b - a) * group;
+    RowState<C>* state = static_cast<RowState<C>*>(__builtin_alloca(sizeof(RowState<C>) * rows + 64));
+    state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
+    for (int r = 0; r < rows; r++) new (&state[r]) RowState<C>();
+    __m512* qs = static_cast<__m512*>(__builtin_alloca(sizeof(__m512) * rows * C + 64));
+    qs = reinterpret_cast<__m512*>((reinterpret_cast<uintptr_t>(qs) + 63) & ~uintptr_t(63));
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int r = 0; r < rows; r++) {
+        const float* qr = q + (int64_t(a + r / group) * heads + kvh * group + r % group) * D;
+        for (int c = 0; c < C; c++) qs[r * C + c] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * c), vscale);
+    }
+    alignas(64) float kbuf[TILE][D], vbuf[TILE][D], p[TILE];
+    const int end = offset + b;  // keys visible to the last row
+    for (int t0 = 0; t0 < end; t0 += TILE) {
+        const int n = end - t0 < TILE ? end - t0 : TILE;
+        for (int i = 0; i < TILE; i++) {
+            if (i < n) {
+                const int64_t at = pg.at(t0 + i) + kvh * D;
+                for (int c = 0; c < C; c++) {
+                    _mm512_store_ps(&kbuf[i][16 * c], load16(k_cache + at + 16 * c));
+                    _mm512_store_ps(&vbuf[i][16 * c], load16(v_cache + at + 16 * c));
+                }
+            } else {
+                memset(kbuf[i], 0, sizeof(kbuf[i]));
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            int seen = offset + a + r / group + 1 - t0;  // keys of this tile the row sees
+            if (seen <= 0) continue;
+            if (seen > n) seen = n;
+            const __m512* qr = qs + r * C;
+            __m512 part[TILE];
+            for (int i = 0; i < TILE; i++) {
+                __m512 s = _mm512_mul_ps(qr[0], _mm512_load_ps(&kbuf[i][0]));
+                for (int c = 1; c < C; c++) s = _mm512_fmadd_ps(qr[c], _mm512_load_ps(&kbuf[i][16 * c]), s);
+                part[i] = s;
+            }
+            RowState<C>& st = state[r];
+            st.scores(hsum16(part), __mmask16((1u << seen) - 1), p);
+            __m512 acc[C];
+            for (int c = 0; c < C; c++) acc[c] = st.acc[c];
+            for (int i = 0; i < seen; i++) {
+                __m512 w = _mm512_set1_ps(p[i]);
+                for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_load_ps(&vbuf[i][16 * c]), acc[c]);
+            }
+            for (int c = 0; c < C; c++) st.acc[c] = acc[c];
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        state[r].store(out + (int64_t(a + r / group) * heads + kvh * group + r % group) * D);
+}
+
+template <typename T, int D>
+int decode_d(int group, const float* q, const T* k, const T* v, const int32_t* table, int length,
+             int block_size, int num_kv_heads, float scale, float* out) {
+    switch (group) {
+#define KVT_G(g) case g: decode_row<D, g, T>(q, k, v, table, length, block_size, num_kv_heads, scale, out); return 0;
+        KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
+#undef KVT_G
+    }
+    return 1;
+}
+
+template <typename T>
+int decode_any(int head_dim, int group, const float* q, const T* k, const T* v, const int32_t* table,
+               int length, int block_size, int num_kv_heads, float scale, float* out) {
+    switch (head_dim) {
+        case 16: return decode_d<T, 16>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+        case 32: return decode_d<T, 32>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+        case 64: return decode_d<T, 64>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+        case 128: return decode_d<T, 128>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+    }
+    return 1;
+}
+
+template <typename T>
+int extend_any(int head_dim, int group, const float* q, const T* k, const T* v, const int32_t* table,
+               int offset, int a, int b, int kvh, int block_size, int num_kv_heads, float scale,
+               float* out) {
+    switch (head_dim) {
+#define KVT_D(d) case d: extend_item<d, T>(q, k, v, table, offset, a, b, kvh, group, block_size, num_kv_heads, scale, out); return 0;
+        KVT_D(16) KVT_D(32) KVT_D(64) KVT_D(128)
+#undef KVT_D
+    }
+    return 1;
+}
+
+}  // namespace
+
+// The entry points (ctypes). Each returns 0, or 1 for a head_dim / group it was not
+// built for (the launcher checks those first: 16, 32, 64, 128 and 1..8).
+extern "C" {
+
+int kvt_decode_row_f32(int head_dim, int group, const float* q, const float* k, const float* v,
+                       const int32_t* table, int length, int block_size, int num_kv_heads,
+                       float scale, float* out) {
+    return decode_any<float>(head_dim, group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+}
+
+int kvt_decode_row_bf16(int head_dim, int group, const float* q, const uint16_t* k,
+                        const uint16_t* v, const int32_t* table, int length, int block_size,
+                        int num_kv_heads, float scale, float* out) {
+    return decode_any<uint16_t>(head_dim, group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+}
+
+int kvt_extend_item_f32(int head_dim, int group, const float* q, const float* k, const float* v,
+                        const int32_t* table, int offset, int a, int b, int kvh, int block_size,
+                        int num_kv_heads, float scale, float* out) {
+    return extend_any<float>(head_dim, group, q, k, v, table, offset, a, b, kvh, block_size, num_kv_heads, scale, out);
+}
+
+int kvt_extend_item_bf16(int head_dim, int group, const float* q, const uint16_t* k,
+                         const uint16_t* v, const int32_t* table, int offset, int a, int b,
+                         int kvh, int block_size, int num_kv_heads, float scale, float* out) {
+    return extend_any<uint16_t>(head_dim, group, q, k, v, table, offset, a, b, kvh, block_size, num_kv_heads, scale, out);
+}
+
+}  // extern "C"

@@ -1,0 +1,139 @@
+"""Build and load the native CPU attention kernels (``native/cpu_attention.cpp``).
+
+The source is compiled on first use with the machine's C++ compiler for the machine
+itself (``-O3 -march=native``) into a shared library in a cache directory (default
+``$XDG_CACHE_HOME/kvtoll/kernels``, else ``~/.cache/kvtoll/kernels``), named by a hash
+of the source, the flags, the compiler's version and the CPU's feature flags, so a
+changed source or another machine builds anew (~8 s) and an unchanged one loads at
+once. Concurrent builders each write a temporary file and rename it into place.
+
+They need x86-64 with AVX-512 (``avx512f``) and a compiler (``c++``/``g++``, or
+``$CXX``); :func:`unavailable_reason` says why not, and the CPU backend then keeps its
+numba decode kernel and torch prefill.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.dtype_choice import cpu_flags
+
+SOURCE = Path(__file__).with_name("native") / "cpu_attention.cpp"
+CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
+             "-Wno-maybe-uninitialized")  # fmt: skip
+REQUIRED_CPU_FLAGS = frozenset({"avx512f"})
+HEAD_DIMS = (16, 32, 64, 128)  # the head sizes the library is built for
+MAX_GROUP = 8  # query heads per KV head it is built for: 1 .. MAX_GROUP
+
+
+def default_cache_dir() -> Path:
+    """Where built libraries are kept unless a caller says otherwise."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "kvtoll" / "kernels"
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build with: ``$CXX``, else ``c++`` or ``g++`` on PATH."""
+    for name in (os.environ.get("CXX"), "c++", "g++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def unavailable_reason(flags: frozenset[str] | None = None) -> str | None:
+    """None if the kernels can be built here, else why not; ``flags``: the CPU's
+    (default :func:`engine.dtype_choice.cpu_flags`)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the native kernels are x86-64 AVX-512 code (this is {platform.machine()})"
+    missing = REQUIRED_CPU_FLAGS - (cpu_flags() if flags is None else flags)
+    if missing:
+        return f"the CPU lacks {', '.join(sorted(missing))}"
+    if compiler() is None:
+        return "no C++ compiler (c++, g++ or $CXX) on PATH"
+    return None
+
+
+@dataclass(frozen=True)
+class NativeLibrary:
+    """The loaded library and its four entry points (ctypes functions)."""
+
+    path: Path  # the shared library
+    decode_f32: Callable[..., int]
+    decode_bf16: Callable[..., int]
+    extend_f32: Callable[..., int]
+    extend_bf16: Callable[..., int]
+
+
+def _key(cxx: str) -> str:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CXX_FLAGS).encode(), version.stdout.encode(),
+                 " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build(cache_dir: Path) -> Path:
+    """The library for this source, compiler and CPU in ``cache_dir``, compiled if absent;
+    RuntimeError (with the compiler's message) if it cannot be built."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    cxx = compiler()
+    assert cxx is not None
+    target = cache_dir / f"cpu_attention-{_key(cxx)}.so"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {SOURCE.name} failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _entry(lib: ctypes.CDLL, name: str, extend: bool) -> Any:
+    i32, ptr = ctypes.c_int32, ctypes.c_void_p
+    fn = getattr(lib, name)
+    if extend:  # head_dim, group, q, k, v, table, offset, a, b, kvh, block_size, hkv, scale, out
+        fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32,
+                       ctypes.c_float, ptr]  # fmt: skip
+    else:  # head_dim, group, q, k, v, table, length, block_size, hkv, scale, out
+        fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, ptr]
+    fn.restype = i32
+    return fn
+
+
+@functools.cache
+def load(cache_dir: Path) -> NativeLibrary:
+    """Build (if needed) and load the library from ``cache_dir``. Memoised per process:
+    the loaded library never changes, and loading it again would only add another
+    handle to the same code."""
+    path = build(cache_dir)
+    lib = ctypes.CDLL(str(path))
+    return NativeLibrary(
+        path,
+        _entry(lib, "kvt_decode_row_f32", extend=False),
+        _entry(lib, "kvt_decode_row_bf16", extend=False),
+        _entry(lib, "kvt_extend_item_f32", extend=True),
+        _entry(lib, "kvt_extend_item_bf16", extend=True),
+    )

@@ -1,0 +1,196 @@
+"""The native AVX-512 CPU attention kernels vs the pure-torch reference, their build
+cache and their refusals. Skipped where they cannot be built (no AVX-512 or no C++
+compiler: the CPU backend then runs the numba kernels, tested on their own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.kernels import native_build
+from engine.kernels.cpu_decode_attention import plan_decode_rows
+from engine.kernels.cpu_native_attention import (
+    NativeKernels,
+    load_native_kernels,
+    native_decode_rows,
+    native_extend,
+    plan_extend,
+    supports,
+)
+from engine.kernels.reference import reference_paged_attention, reference_paged_decode
+from tests.engine.kernels.kernel_batches import TOLERANCES, PagedBatch, build_paged_batch
+
+WHY_NOT = native_build.unavailable_reason()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeKernels:
+    return load_native_kernels(native_build.default_cache_dir())
+
+
+# seq_lens (1, multiples of 16 and not, of the block size and not), heads, KV heads,
+# head_dim, block size: every head_dim built, groups 1-8.
+DECODE_CASES = [
+    ([1], 4, 4, 64, 8),
+    ([1, 19, 40], 6, 2, 64, 16),
+    ([33, 8, 1], 4, 2, 16, 16),  # the tiny test model's shape
+    ([5, 16, 17, 64], 8, 1, 32, 8),
+    ([70, 3, 129], 9, 3, 64, 16),  # SmolLM2-135M's shape
+    ([100, 1, 47], 8, 2, 128, 32),
+    ([2048, 31], 9, 3, 64, 16),  # long context
+]
+
+
+def _decode(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
+            threads: int | None = None) -> torch.Tensor:  # fmt: skip
+    n = batch.q.shape[0]
+    rows = plan_decode_rows(n, batch.q.shape[1], k.shape[0], k.shape[1], batch.block_tables,
+                            batch.seq_lens, torch.arange(n), torch.arange(n),
+                            scratch=False)  # fmt: skip
+    out = torch.full_like(batch.q, float("nan"))
+    native_decode_rows(native, rows, batch.q, k, v, batch.q.shape[2] ** -0.5, out, threads)
+    return out
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", DECODE_CASES)
+def test_decode_matches_reference(
+    native: NativeKernels,
+    cache_dtype: torch.dtype,
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """A bfloat16 cache is widened exactly, so float32 tolerances hold for both."""
+    batch = build_paged_batch(
+        [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+        torch.float32, "cpu",
+    )  # fmt: skip
+    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    out = _decode(native, batch, k, v)
+    ref = reference_paged_decode(batch.q, k.float(), v.float(), batch.block_tables,
+                                 batch.seq_lens, head_dim**-0.5)  # fmt: skip
+    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+
+
+# Per sequence (query rows, context): a whole prompt, chunks after a cached prefix,
+# single rows, contexts that are not multiples of the 16-key tile or the block size.
+EXTEND_CASES = [
+    ([1], [1], 4, 4, 64, 8),
+    ([5, 3, 40], [5, 17, 40], 6, 2, 64, 16),
+    ([33, 7], [100, 7], 4, 2, 16, 16),  # the tiny test model's shape
+    ([24, 17], [1048, 17], 9, 3, 64, 16),  # a 1,024-token prefix hit on SmolLM2-135M
+    ([16, 31], [48, 31], 8, 1, 32, 8),
+    ([9, 20], [30, 20], 8, 2, 128, 32),
+]
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("query_tile", [1, 16])
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size", EXTEND_CASES
+)
+def test_extend_matches_reference(
+    native: NativeKernels,
+    cache_dtype: torch.dtype,
+    query_tile: int,
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """Each sequence's chunk attends causally to its cached prefix and to itself; the
+    query tile (the rows one work item holds) changes nothing but the speed."""
+    batch = build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim,
+                              block_size, torch.float32, "cpu", seed=3)  # fmt: skip
+    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    scale = head_dim**-0.5
+    ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
+                                    batch.seq_lens, batch.block_tables, scale)  # fmt: skip
+    starts = batch.query_start_loc.tolist()
+    for seq, seq_len in enumerate(seq_lens):
+        lo, hi = starts[seq], starts[seq + 1]
+        chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], block_size)
+        out = torch.full_like(batch.q[lo:hi], float("nan"))
+        native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v, scale, out,
+                      query_tile=query_tile)  # fmt: skip
+        torch.testing.assert_close(out, ref[lo:hi], **TOLERANCES[torch.float32])
+
+
+def test_threads_do_not_change_the_result(native: NativeKernels) -> None:
+    batch = build_paged_batch([1] * 5, [61, 30, 1, 17, 200], 9, 3, 64, 16, torch.float32, "cpu")
+    one = _decode(native, batch, batch.k_cache, batch.v_cache, threads=1)
+    two = _decode(native, batch, batch.k_cache, batch.v_cache, threads=2)
+    torch.testing.assert_close(one, two, atol=0, rtol=0)
+
+
+def test_extreme_scores_stay_finite(native: NativeKernels) -> None:
+    """Scores hundreds apart: the running max keeps every exp in range, as the
+    reference's softmax does."""
+    batch = build_paged_batch([20], [50], 4, 2, 64, 16, torch.float32, "cpu", seed=4)
+    k = batch.k_cache * 30.0
+    chunk = plan_extend(batch.block_tables[0], 50, 20, k.shape[0], 16)
+    out = torch.empty_like(batch.q)
+    native_extend(native, chunk, batch.q, k, batch.v_cache, 0.125, out)
+    ref = reference_paged_attention(batch.q, k, batch.v_cache, batch.query_start_loc,
+                                    batch.seq_lens, batch.block_tables, 0.125)  # fmt: skip
+    assert bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+
+
+def test_unsupported_layouts_are_refused(native: NativeKernels) -> None:
+    assert supports(9, 3, 64) and supports(8, 1, 128) and supports(4, 2, 16)
+    assert not supports(9, 3, 8) and not supports(9, 1, 64) and not supports(6, 4, 64)
+    batch = build_paged_batch([1], [9], 4, 2, 8, 8, torch.float32, "cpu")  # head_dim 8
+    with pytest.raises(ValueError, match="head_dim 8"):
+        _decode(native, batch, batch.k_cache, batch.v_cache)
+
+
+def test_bad_chunks_and_tensors_are_refused(native: NativeKernels) -> None:
+    batch = build_paged_batch([4], [20], 4, 2, 16, 8, torch.float32, "cpu")
+    table, blocks = batch.block_tables[0], batch.k_cache.shape[0]
+    with pytest.raises(ValueError, match="query rows ending"):
+        plan_extend(table, 20, 21, blocks, 8)
+    with pytest.raises(ValueError, match="need >= 3 int32"):
+        plan_extend(table.long(), 20, 4, blocks, 8)
+    with pytest.raises(ValueError, match="outside the cache"):
+        plan_extend(table.clone().fill_(blocks), 20, 4, blocks, 8)
+    chunk = plan_extend(table, 20, 4, blocks, 8)
+    out = torch.empty_like(batch.q)
+    with pytest.raises(ValueError, match="not the ones this chunk was planned for"):
+        native_extend(native, chunk, batch.q[:3].contiguous(), batch.k_cache, batch.v_cache,
+                      0.25, out[:3].contiguous())  # fmt: skip
+    with pytest.raises(ValueError, match="q: need a contiguous float32"):
+        native_extend(native, chunk, batch.q.double(), batch.k_cache, batch.v_cache, 0.25, out)
+    with pytest.raises(ValueError, match="query_tile must be positive"):
+        native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25, out,
+                      query_tile=0)  # fmt: skip
+
+
+def test_rows_planned_with_scratch_or_without_serve_their_kernel() -> None:
+    batch = build_paged_batch([1], [9], 4, 2, 16, 8, torch.float32, "cpu")
+    args = (1, 4, batch.k_cache.shape[0], 8, batch.block_tables, batch.seq_lens,
+            torch.arange(1), torch.arange(1))  # fmt: skip
+    assert plan_decode_rows(*args).scores.shape == (1, 4, 9)
+    assert plan_decode_rows(*args, scratch=False).scores.numel() == 0
+
+
+def test_library_is_built_once_per_source_and_machine(tmp_path: Path) -> None:
+    """A second build finds the first one's file; the name carries the source's hash."""
+    first = native_build.build(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert native_build.build(tmp_path) == first
+    assert first.stat().st_mtime_ns == stamp
+    assert first.name.startswith("cpu_attention-") and first.suffix == ".so"
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_why_it_cannot_build_is_said() -> None:
+    assert "avx512f" in (native_build.unavailable_reason(frozenset({"avx2"})) or "")
