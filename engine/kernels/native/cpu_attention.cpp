@@ -11,9 +11,11 @@
 //
 // Both kernels are one pass of online softmax over 16-key tiles (flash attention): a
 // tile's 16 dot products of one query are 16 vectors of partial sums, folded into one
-// vector of 16 scores by a transposing tree (hsum16) rather than 16 horizontal
-// reductions; exp is a degree-7 polynomial with scalef; the arithmetic is float32 (a
-// bfloat16 is the top half of a float32, so widening is exact).
+// vector of 16 scores by a transposing tree of shuffles and adds (tile_scores) rather
+// than 16 horizontal reductions, for several query rows at once so that each key row
+// loaded serves them all (decode: the G heads of a KV head; extend: 2-4 rows); exp is
+// a degree-7 polynomial with scalef; the arithmetic is float32 (a bfloat16 is the top
+// half of a float32, so widening is exact).
 
 #include <immintrin.h>
 #include <math.h>
@@ -28,24 +30,6 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
     __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// v[0..15] -> the vector of their horizontal sums, lane i = sum of v[i].
-inline __m512 hsum16(const __m512* v) {
-    __m512 w[8], x[4], y[2];
-    for (int i = 0; i < 8; i++)
-        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
-        x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; i++)
-        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88),
-                         _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
 }
 
 // e^x for x <= 0 (x - running max), within ~2 ulp; x below -87.3 gives ~1e-38, so
@@ -107,6 +91,45 @@ struct RowState {
     }
 };
 
+// The scores of R query rows (C vectors each, scaled) against a tile of 16 widened keys,
+// each row's 16 as one vector (lane i: key i). The tree (pairs of vectors interleaved
+// and added: 32-bit, 64-bit, then 128-bit lanes twice) is folded in as the partial sums
+// come, so few stay live, and every key row loaded serves all R query rows.
+template <int C, int R, typename Keys>
+inline void tile_scores(const __m512* const* q, Keys key, __m512* scores) {
+    __m512 x[R][4], held[R];
+    for (int j = 0; j < 8; j++) {
+        __m512 ka[C], kb[C];
+        for (int c = 0; c < C; c++) {
+            ka[c] = key(2 * j, c);  // vector c of key 2j of the tile, float32
+            kb[c] = key(2 * j + 1, c);
+        }
+        for (int r = 0; r < R; r++) {
+            __m512 pa = _mm512_mul_ps(q[r][0], ka[0]), pb = _mm512_mul_ps(q[r][0], kb[0]);
+            for (int c = 1; c < C; c++) {
+                pa = _mm512_fmadd_ps(q[r][c], ka[c], pa);
+                pb = _mm512_fmadd_ps(q[r][c], kb[c], pb);
+            }
+            __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(pa, pb), _mm512_unpackhi_ps(pa, pb));
+            if (j & 1) {
+                __m512d a = _mm512_castps_pd(held[r]), b = _mm512_castps_pd(w);
+                x[r][j >> 1] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+            } else {
+                held[r] = w;
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[r][0], x[r][1], 0x88),
+                                  _mm512_shuffle_f32x4(x[r][0], x[r][1], 0xDD));
+        __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[r][2], x[r][3], 0x88),
+                                  _mm512_shuffle_f32x4(x[r][2], x[r][3], 0xDD));
+        scores[r] = _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, 0x88),
+                                  _mm512_shuffle_f32x4(y0, y1, 0xDD));
+    }
+}
+
 // Decode: one query row (all H heads) over its sequence's ``length`` tokens. Per tile,
 // every KV head in turn, so each token's K (and V) row is read whole, once.
 template <int D, int G, typename T>
@@ -138,19 +161,15 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++)
                     qv[g][c] = _mm512_mul_ps(_mm512_loadu_ps(q + (kvh * G + g) * D + 16 * c), vscale);
-            __m512 part[G][TILE];
-            for (int i = 0; i < TILE; i++) {
-                __m512 kv[C];
-                for (int c = 0; c < C; c++) kv[c] = load16(k_cache + base[i] + kvh * D + 16 * c);
-                for (int g = 0; g < G; g++) {
-                    __m512 s = _mm512_mul_ps(qv[g][0], kv[0]);
-                    for (int c = 1; c < C; c++) s = _mm512_fmadd_ps(qv[g][c], kv[c], s);
-                    part[g][i] = s;
-                }
-            }
+            const __m512* qg[G];
+            for (int g = 0; g < G; g++) qg[g] = qv[g];
+            __m512 s[G];
+            const T* keys = k_cache + kvh * D;
+            tile_scores<C, G>(
+                qg, [keys, &base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);
             alignas(64) float p[G][TILE];
             RowState<C>* st = state + kvh * G;
-            for (int g = 0; g < G; g++) st[g].scores(hsum16(part[g]), valid, p[g]);
+            for (int g = 0; g < G; g++) st[g].scores(s[g], valid, p[g]);
             __m512 acc[G][C];
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) acc[g][c] = st[g].acc[c];
@@ -167,6 +186,36 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
         }
     }
     for (int h = 0; h < num_kv_heads * G; h++) state[h].store(out + h * D);
+}
+
+
+// R rows of an extend item against one widened K/V tile: scores, online softmax, P.V.
+template <int C, int R>
+inline void extend_rows(RowState<C>* state, const __m512* const* q, const int* seen,
+                        const float (*keys)[16 * C], const float (*values)[16 * C]) {
+    __m512 s[R];
+    tile_scores<C, R>(q, [keys](int i, int c) { return _mm512_load_ps(&keys[i][16 * c]); }, s);
+    alignas(64) float p[R][TILE];
+    int most = 0;
+    for (int r = 0; r < R; r++) {
+        const int n = seen[r] > 0 ? seen[r] : 0;
+        if (n > 0) state[r].scores(s[r], __mmask16((1u << n) - 1), p[r]);
+        else for (int i = 0; i < TILE; i++) p[r][i] = 0.0f;  // a row that sees none of the tile
+        if (n > most) most = n;
+    }
+    __m512 acc[R][C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = state[r].acc[c];
+    for (int i = 0; i < most; i++) {
+        __m512 vv[C];
+        for (int c = 0; c < C; c++) vv[c] = _mm512_load_ps(&values[i][16 * c]);
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_set1_ps(p[r][i]);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(w, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) state[r].acc[c] = acc[r][c];
 }
 
 // Extend: query rows [a, b) of one sequence's chunk, for the G heads of KV head ``kvh``;
@@ -192,7 +241,8 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
         const float* qr = q + (int64_t(a + r / group) * heads + kvh * group + r % group) * D;
         for (int c = 0; c < C; c++) qs[r * C + c] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * c), vscale);
     }
-    alignas(64) float kbuf[TILE][D], vbuf[TILE][D], p[TILE];
+    constexpr int ROWS = C <= 4 ? 4 : 2;  // as many as registers allow (4: ~10% over 2)
+    alignas(64) float kbuf[TILE][D], vbuf[TILE][D];
     const int end = offset + b;  // keys visible to the last row
     for (int t0 = 0; t0 < end; t0 += TILE) {
         const int n = end - t0 < TILE ? end - t0 : TILE;
@@ -207,26 +257,26 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
                 memset(kbuf[i], 0, sizeof(kbuf[i]));
             }
         }
-        for (int r = 0; r < rows; r++) {
-            int seen = offset + a + r / group + 1 - t0;  // keys of this tile the row sees
-            if (seen <= 0) continue;
+        int r = 0;  // rows in groups: each K/V row loaded serves ROWS query rows
+        for (; r + ROWS <= rows; r += ROWS) {
+            int seen[ROWS], any = 0;
+            const __m512* qr[ROWS];
+            for (int j = 0; j < ROWS; j++) {
+                seen[j] = offset + a + (r + j) / group + 1 - t0;
+                if (seen[j] > n) seen[j] = n;
+                any |= seen[j] > 0;
+                qr[j] = qs + (r + j) * C;
+            }
+            if (!any) continue;
+            extend_rows<C, ROWS>(state + r, qr, seen, kbuf, vbuf);
+        }
+        for (; r < rows; r++) {
+            int seen = offset + a + r / group + 1 - t0;
             if (seen > n) seen = n;
-            const __m512* qr = qs + r * C;
-            __m512 part[TILE];
-            for (int i = 0; i < TILE; i++) {
-                __m512 s = _mm512_mul_ps(qr[0], _mm512_load_ps(&kbuf[i][0]));
-                for (int c = 1; c < C; c++) s = _mm512_fmadd_ps(qr[c], _mm512_load_ps(&kbuf[i][16 * c]), s);
-                part[i] = s;
+            if (seen > 0) {
+                const __m512* qr[1] = {qs + r * C};
+                extend_rows<C, 1>(state + r, qr, &seen, kbuf, vbuf);
             }
-            RowState<C>& st = state[r];
-            st.scores(hsum16(part), __mmask16((1u << seen) - 1), p);
-            __m512 acc[C];
-            for (int c = 0; c < C; c++) acc[c] = st.acc[c];
-            for (int i = 0; i < seen; i++) {
-                __m512 w = _mm512_set1_ps(p[i]);
-                for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_load_ps(&vbuf[i][16 * c]), acc[c]);
-            }
-            for (int c = 0; c < C; c++) st.acc[c] = acc[c];
         }
     }
     for (int r = 0; r < rows; r++)
