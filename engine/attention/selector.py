@@ -1,6 +1,7 @@
 """Which attention backend runs: ``auto`` = Triton on CUDA (when Triton is installed),
-the CPU kernel backend on CPU (torch with decode in a numba kernel; torch where numba
-has no thread-safe parallel back end), torch elsewhere;
+the CPU kernel backend on CPU (the native AVX-512 kernels, or decode in a numba kernel,
+with the rest in torch; all launched on numba's threads, so torch alone where numba has
+no thread-safe parallel back end), torch elsewhere;
 ``torch``, ``cpu`` and ``triton`` force one. Triton on a CPU device is allowed
 only under the Triton interpreter (``TRITON_INTERPRET=1``), which tests use.
 """
@@ -23,8 +24,8 @@ def triton_available() -> bool:
 
 
 def cpu_kernels_available() -> bool:
-    """Whether the numba CPU kernels can run here (numba has a thread-safe parallel
-    back end: libgomp or libtbb)."""
+    """Whether the CPU kernels (numba's, and the native ones, which numba launches) can
+    run here: numba has a thread-safe parallel back end (libgomp or libtbb)."""
     from engine.kernels.cpu_decode_attention import threadsafe_parallelism_available
 
     return threadsafe_parallelism_available()

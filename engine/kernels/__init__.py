@@ -9,6 +9,10 @@ One kernel per module, each as kernel -> launcher (asserts on shapes, strides, d
 * :mod:`engine.kernels.rope_kv_write`     RoPE on q/k fused with the KV write (optional);
 * :mod:`engine.kernels.reference`         pure-torch references, independent of all three.
 
-On CPU the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, which must
+The CPU backend's own kernels live beside them: :mod:`engine.kernels.cpu_native_attention`
+(native AVX-512 code in ``native/``, built by :mod:`engine.kernels.native_build`) and
+:mod:`engine.kernels.cpu_decode_attention` (numba), checked against the same references.
+
+On CPU the Triton kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, which must
 be set before these modules are imported, since ``triton.jit`` reads it then).
 """

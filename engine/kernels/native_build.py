@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -33,6 +34,7 @@ SOURCE = Path(__file__).with_name("native") / "cpu_attention.cpp"
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
              "-Wno-maybe-uninitialized")  # fmt: skip
 REQUIRED_CPU_FLAGS = frozenset({"avx512f"})
+log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128)  # the head sizes the library is built for
 MAX_GROUP = 8  # query heads per KV head it is built for: 1 .. MAX_GROUP
 
@@ -97,6 +99,8 @@ def build(cache_dir: Path) -> Path:
     if target.exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the native CPU attention kernels into %s (first use on this machine)",
+             target)  # fmt: skip
     fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".so.tmp")
     os.close(fd)
     try:
