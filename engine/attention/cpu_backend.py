@@ -89,7 +89,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._kernels = CpuDecodeKernels()
         self._want_native = native
         self._want_native_prefill = native_prefill
-        self._native_cache_dir = native_cache_dir or native_build.default_cache_dir()
+        self._native_cache_dir = native_cache_dir
         self._native: NativeKernels | None = None  # set by prepare() when they run here
         self._native_prefill = False
         # This step's decode rows, planned (and checked) at the first layer and reused
@@ -154,8 +154,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
                       f"heads of head_dim {head_dim}")  # fmt: skip
         if reason is None:
             try:
-                return load_native_kernels(self._native_cache_dir)
-            except (RuntimeError, OSError) as exc:
+                cache_dir = self._native_cache_dir or native_build.default_cache_dir()
+                return load_native_kernels(cache_dir)
+            except (RuntimeError, OSError) as exc:  # no home, a read-only cache, a failed build
                 reason = str(exc)
         if self._want_native:
             raise RuntimeError(f"native CPU attention kernels unavailable: {reason}")

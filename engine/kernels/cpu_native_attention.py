@@ -36,6 +36,7 @@ from engine.kernels import native_build
 from engine.kernels.cpu_decode_attention import CHUNK_SIZE, DecodeRows, check_tensors
 
 QUERY_TILE = 16  # query rows of a prefill chunk per work item (times the heads of a KV head)
+MAX_QUERY_TILE = 64  # an item keeps its rows' state on its thread's stack
 
 Kernel = Callable[..., Any]
 
@@ -214,8 +215,8 @@ def native_extend(
             chunk.num_blocks, chunk.block_size):  # fmt: skip
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
                          f"ones this chunk was planned for")  # fmt: skip
-    if query_tile < 1:
-        raise ValueError(f"query_tile must be positive, got {query_tile}")
+    if not 1 <= query_tile <= MAX_QUERY_TILE:
+        raise ValueError(f"query_tile must be in [1, {MAX_QUERY_TILE}], got {query_tile}")
     head_dim, group = _check_layout(q, k_cache)
     k, v = _arrays(k_cache, v_cache)
     _set_threads(num_threads)

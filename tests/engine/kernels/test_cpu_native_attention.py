@@ -169,9 +169,10 @@ def test_bad_chunks_and_tensors_are_refused(native: NativeKernels) -> None:
                       0.25, out[:3].contiguous())  # fmt: skip
     with pytest.raises(ValueError, match="q: need a contiguous float32"):
         native_extend(native, chunk, batch.q.double(), batch.k_cache, batch.v_cache, 0.25, out)
-    with pytest.raises(ValueError, match="query_tile must be positive"):
-        native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25, out,
-                      query_tile=0)  # fmt: skip
+    for tile in (0, 65):
+        with pytest.raises(ValueError, match="query_tile must be in"):
+            native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25, out,
+                          query_tile=tile)  # fmt: skip
 
 
 def test_rows_planned_with_scratch_or_without_serve_their_kernel() -> None:
@@ -190,6 +191,15 @@ def test_library_is_built_once_per_source_and_machine(tmp_path: Path) -> None:
     assert first.stat().st_mtime_ns == stamp
     assert first.name.startswith("cpu_attention-") and first.suffix == ".so"
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_a_failed_build_says_what_the_compiler_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(native_build, "CXX_FLAGS", (*native_build.CXX_FLAGS, "-fno-such-flag"))
+    with pytest.raises(RuntimeError, match="no-such-flag"):
+        native_build.build(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left to load later
 
 
 def test_why_it_cannot_build_is_said() -> None:
