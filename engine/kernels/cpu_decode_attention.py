@@ -291,6 +291,21 @@ def plan_decode_rows(
                       scores, torch.empty_like(scores))  # fmt: skip
 
 
+def check_planned(
+    rows: DecodeRows, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    out: torch.Tensor,
+) -> None:  # fmt: skip
+    """ValueError unless the tensors are ones a kernel takes (:func:`check_tensors`) and
+    of the shapes ``rows`` were planned (and their indices checked) for."""
+    check_tensors(q, k_cache, v_cache, out)
+    if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
+        k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
+        raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
+                         f"ones these rows were planned for ({rows.num_q} rows of "
+                         f"{rows.num_heads} heads, {rows.num_blocks} blocks of "
+                         f"{rows.block_size})")  # fmt: skip
+
+
 def decode_rows_attention(
     rows: DecodeRows,
     q: torch.Tensor,
@@ -305,13 +320,7 @@ def decode_rows_attention(
     """Decode attention of the planned rows of ``q`` into the same rows of ``out`` (both
     float32 [num_q, H, D]); the caches float32 or bfloat16 of the planned shape. One
     layer's call: only the tensors are checked here, the indices were at planning."""
-    check_tensors(q, k_cache, v_cache, out)
-    if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
-        k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
-        raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
-                         f"ones these rows were planned for ({rows.num_q} rows of "
-                         f"{rows.num_heads} heads, {rows.num_blocks} blocks of "
-                         f"{rows.block_size})")  # fmt: skip
+    check_planned(rows, q, k_cache, v_cache, out)
     if not rows.num_rows:
         return
     if rows.scores.shape[0] != rows.num_rows:

@@ -33,7 +33,12 @@ import numpy as np
 import torch
 
 from engine.kernels import native_build
-from engine.kernels.cpu_decode_attention import CHUNK_SIZE, DecodeRows, check_tensors
+from engine.kernels.cpu_decode_attention import (
+    CHUNK_SIZE,
+    DecodeRows,
+    check_planned,
+    check_tensors,
+)
 
 QUERY_TILE = 16  # query rows of a prefill chunk per work item (times the heads of a KV head)
 MAX_QUERY_TILE = 64  # an item keeps its rows' state on its thread's stack
@@ -146,11 +151,7 @@ def native_decode_rows(
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
     checked there) of ``q`` into the same rows of ``out``."""
-    check_tensors(q, k_cache, v_cache, out)
-    if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
-        k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
-        raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
-                         f"ones these rows were planned for")  # fmt: skip
+    check_planned(rows, q, k_cache, v_cache, out)
     head_dim, group = _check_layout(q, k_cache)
     if not rows.num_rows:
         return
