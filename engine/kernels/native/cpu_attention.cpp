@@ -86,8 +86,8 @@ struct RowState {
         _mm512_storeu_ps(p, e);
     }
     void store(float* out) const {
-        __m512 inv = _mm512_set1_ps(l);
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(acc[c], inv));
+        __m512 sum = _mm512_set1_ps(l);
+        for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(acc[c], sum));
     }
 };
 
