@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import anyio
@@ -41,6 +40,7 @@ from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from engine.serving.errors import SERVER_ERROR, OpenAIError
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
+from proxy.flight import Flight, billable_tokens, ledger_entry
 from proxy.hooks import (
     RouterHook,
     SemanticCacheHook,
@@ -98,20 +98,6 @@ class Reply:
         if self.tally.prompt_cached() > 0:
             return "prefix"
         return "bypass" if self.no_cache else "miss"
-
-
-@dataclass
-class _Flight:
-    prep: Prepared
-    endpoint: str
-    tally: Tally
-    served_by: ServedBy
-    upstream: Upstream | None = None
-    upstream_request: UpstreamRequest | None = None
-    hit: SemanticHit | None = None
-    query: SemanticQuery | None = None
-    metered: bool = field(default=False)
-    relayed: bool = field(default=False)  # the relay started: its finally meters
 
 
 class UpstreamUnavailable(OpenAIError):
@@ -174,7 +160,7 @@ class Gateway:
     def _semantic_reply(
         self, prep: Prepared, endpoint: str, query: SemanticQuery, hit: SemanticHit
     ) -> Reply:
-        flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.SEMANTIC, hit=hit,
+        flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.SEMANTIC, hit=hit,
                          query=query)
         source = _aiter(hit_items(hit, prep.prompt.num_tokens))
         items = self._relay(flight, source)
@@ -189,7 +175,7 @@ class Gateway:
             salt=self._salt(prep.identity.tenant_id),
             prompt_token_ids=prep.prompt.token_ids,
         )
-        flight = _Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
+        flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)
         timer = StepTimer()
         try:
@@ -218,7 +204,7 @@ class Gateway:
         return candidates
 
     async def _connect(
-        self, flight: _Flight, request: UpstreamRequest, timer: StepTimer
+        self, flight: Flight, request: UpstreamRequest, timer: StepTimer
     ) -> tuple[Upstream, Item, AsyncIterator[Item]]:
         """The first upstream that produces a first item, that item and the rest. If
         cancelled while an upstream works on it, that upstream's stream is closed and
@@ -251,7 +237,7 @@ class Gateway:
         raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
 
     async def _relay(
-        self, flight: _Flight, source: AsyncIterator[Item], *, first: Item | None = None,
+        self, flight: Flight, source: AsyncIterator[Item], *, first: Item | None = None,
         timer: StepTimer | None = None,
     ) -> AsyncGenerator[Item, None]:
         """``first`` (when given) then ``source``'s items, each folded into the tally;
@@ -296,7 +282,7 @@ class Gateway:
                     if not flight.metered:
                         await self._finish(flight, status)
 
-    async def _abandon(self, flight: _Flight, source: AsyncIterator[Item],
+    async def _abandon(self, flight: Flight, source: AsyncIterator[Item],
                        first: Item | None = None, timer: StepTimer | None = None) -> None:
         """The reply was closed before its relay started: close the upstream and bill
         what it produced (``first``) as a client disconnect."""
@@ -311,15 +297,15 @@ class Gateway:
             await _close(source)
             await self._finish(flight, RequestStatus.CLIENT_DISCONNECT)
 
-    async def _finish(self, flight: _Flight, status: RequestStatus) -> None:
+    async def _finish(self, flight: Flight, status: RequestStatus) -> None:
         """Write the request's one ledger row and update metrics, hooks and caches. The
         awaits that can suspend are shielded from cancellation (the usual path, an
         outbox append, does not suspend: no cancel scope costs it time)."""
         if flight.metered:
             return
         flight.metered = True
-        prompt, cached, completion = _billable_tokens(flight)
-        entry = _ledger_entry(flight, status, prompt, cached, completion)
+        prompt, cached, completion = billable_tokens(flight)
+        entry = ledger_entry(flight, status, prompt, cached, completion)
         if not self._meter.record_nowait(entry):  # the outbox failed: to the ledger now
             with anyio.CancelScope(shield=True):
                 await self._meter.record_directly(entry)
@@ -335,7 +321,7 @@ class Gateway:
         if status is RequestStatus.OK and flight.served_by is ServedBy.ENGINE:
             self._maybe_store(flight)
 
-    def _observe(self, flight: _Flight, status: RequestStatus, entry: LedgerEntry,
+    def _observe(self, flight: Flight, status: RequestStatus, entry: LedgerEntry,
                  prompt: int, cached: int, completion: int) -> None:
         layer = "semantic" if flight.served_by is ServedBy.SEMANTIC else (
             "prefix" if cached else "miss")
@@ -349,7 +335,7 @@ class Gateway:
             None if entry.ttft_ms is None else entry.ttft_ms / 1000,
         )
 
-    def _maybe_store(self, flight: _Flight) -> None:
+    def _maybe_store(self, flight: Flight) -> None:
         if (self._stores is None or flight.query is None or flight.prep.no_store
                 or not flight.tally.all_stopped()):
             return
@@ -360,41 +346,6 @@ class Gateway:
         """Wait for background cache stores to finish."""
         if self._stores is not None:
             await self._stores.aclose()
-
-
-def _billable_tokens(flight: _Flight) -> tuple[int, int, int]:
-    """(prompt, cached, completion) to bill; see the module doc of :mod:`proxy.tally`."""
-    if flight.hit is not None:
-        prompt = flight.prep.prompt.num_tokens
-        return prompt, prompt, flight.hit.completion_tokens
-    usage = flight.tally.usage
-    if usage is not None:
-        return usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens), (
-            usage.completion_tokens)
-    if flight.tally.produced_anything:  # the usage never came: the deltas' counts
-        tally = flight.tally
-        prompt = tally.prompt_tokens if tally.prompt_tokens is not None else (
-            flight.prep.prompt.num_tokens)
-        return prompt, min(tally.prompt_cached(), prompt), tally.completion_tokens()
-    return 0, 0, 0
-
-
-def _ledger_entry(flight: _Flight, status: RequestStatus, prompt: int, cached: int,
-                  completion: int) -> LedgerEntry:
-    prep = flight.prep
-    now = time.perf_counter()
-    first = flight.tally.first_token_at
-    return LedgerEntry(
-        request_id=prep.request_id, tenant_id=prep.identity.tenant_id,
-        api_key_id=prep.identity.key_id, model=prep.model, served_by=flight.served_by,
-        status=status, prompt_tokens=prompt, cached_tokens=cached,
-        completion_tokens=completion,
-        similarity=flight.hit.similarity if flight.hit else None,
-        worker=flight.upstream.name if flight.upstream else None,
-        created_at=prep.arrived_at,
-        latency_ms=round((now - prep.started) * 1000, 3),
-        ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
-    )
 
 
 async def _aiter(items: Sequence[Item]) -> AsyncIterator[Item]:

@@ -1,0 +1,66 @@
+"""One admitted request's state through the flow of :mod:`proxy.service`, and the ledger
+row it bills: the tokens (:func:`billable_tokens`) and the row itself
+(:func:`ledger_entry`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from billing.ledger import LedgerEntry
+from billing.models import RequestStatus, ServedBy
+from proxy.hooks import SemanticHit, SemanticQuery
+from proxy.intake import Prepared
+from proxy.tally import Tally
+from proxy.upstream.base import Upstream, UpstreamRequest
+
+
+@dataclass
+class Flight:
+    """What the gateway knows of one request in flight (metered once: ``metered``)."""
+
+    prep: Prepared
+    endpoint: str
+    tally: Tally
+    served_by: ServedBy
+    upstream: Upstream | None = None
+    upstream_request: UpstreamRequest | None = None
+    hit: SemanticHit | None = None
+    query: SemanticQuery | None = None
+    metered: bool = field(default=False)
+    relayed: bool = field(default=False)  # the relay started: its finally meters
+
+
+def billable_tokens(flight: Flight) -> tuple[int, int, int]:
+    """(prompt, cached, completion) to bill; see the module doc of :mod:`proxy.tally`."""
+    if flight.hit is not None:
+        prompt = flight.prep.prompt.num_tokens
+        return prompt, prompt, flight.hit.completion_tokens
+    usage = flight.tally.usage
+    if usage is not None:
+        return usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens), (
+            usage.completion_tokens)
+    if flight.tally.produced_anything:  # the usage never came: the deltas' counts
+        tally = flight.tally
+        prompt = tally.prompt_tokens if tally.prompt_tokens is not None else (
+            flight.prep.prompt.num_tokens)
+        return prompt, min(tally.prompt_cached(), prompt), tally.completion_tokens()
+    return 0, 0, 0
+
+
+def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int,
+                  completion: int) -> LedgerEntry:
+    prep = flight.prep
+    now = time.perf_counter()
+    first = flight.tally.first_token_at
+    return LedgerEntry(
+        request_id=prep.request_id, tenant_id=prep.identity.tenant_id,
+        api_key_id=prep.identity.key_id, model=prep.model, served_by=flight.served_by,
+        status=status, prompt_tokens=prompt, cached_tokens=cached,
+        completion_tokens=completion,
+        similarity=flight.hit.similarity if flight.hit else None,
+        worker=flight.upstream.name if flight.upstream else None,
+        created_at=prep.arrived_at,
+        latency_ms=round((now - prep.started) * 1000, 3),
+        ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
+    )
