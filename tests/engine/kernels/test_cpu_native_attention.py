@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.kernels import native_build
 from engine.kernels.cpu_decode_attention import plan_decode_rows
@@ -204,3 +206,50 @@ def test_a_failed_build_says_what_the_compiler_said(
 
 def test_why_it_cannot_build_is_said() -> None:
     assert "avx512f" in (native_build.unavailable_reason(frozenset({"avx2"})) or "")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 70)), min_size=1, max_size=3),
+    layout=st.sampled_from([(4, 2, 16), (9, 3, 64), (8, 1, 32), (2, 2, 128), (16, 2, 16)]),
+    block_size=st.sampled_from([8, 16, 32]),
+    cache_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    query_tile=st.integers(1, 20),
+)
+def test_any_chunks_match_reference(
+    native: NativeKernels,
+    chunks: list[tuple[int, int]],
+    layout: tuple[int, int, int],
+    block_size: int,
+    cache_dtype: torch.dtype,
+    query_tile: int,
+) -> None:
+    """Random chunks (query rows, tokens cached before them) over scattered blocks: every
+    tile and block boundary, every remainder of the row groups, as prefill chunks and,
+    for their last rows, as decode rows."""
+    num_heads, num_kv_heads, head_dim = layout
+    query_lens = [q for q, _ in chunks]
+    seq_lens = [q + c for q, c in chunks]
+    batch = build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim,
+                              block_size, torch.float32, "cpu", seed=sum(seq_lens))  # fmt: skip
+    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    scale = head_dim**-0.5
+    ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
+                                    batch.seq_lens, batch.block_tables, scale)  # fmt: skip
+    starts = batch.query_start_loc.tolist()
+    last_rows = []
+    for seq, seq_len in enumerate(seq_lens):
+        lo, hi = starts[seq], starts[seq + 1]
+        chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], block_size)
+        out = torch.empty_like(batch.q[lo:hi])
+        native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v, scale, out,
+                      query_tile=query_tile)  # fmt: skip
+        torch.testing.assert_close(out, ref[lo:hi], **TOLERANCES[torch.float32])
+        last_rows.append(hi - 1)
+    rows = torch.tensor(last_rows)
+    plan = plan_decode_rows(batch.q.shape[0], num_heads, k.shape[0], block_size,
+                            batch.block_tables, batch.seq_lens, rows,
+                            torch.arange(len(chunks)), scratch=False)  # fmt: skip
+    out = torch.zeros_like(batch.q)
+    native_decode_rows(native, plan, batch.q, k, v, scale, out)
+    torch.testing.assert_close(out[rows], ref[rows], **TOLERANCES[torch.float32])
