@@ -138,6 +138,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                 torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
                                 torch.zeros(1, dtype=torch.int64), scratch=False)  # fmt: skip
         native_decode_rows(self._native, rows, q, cache, cache.clone(), 1.0, torch.empty_like(q))
+        if self._want_native_prefill is not False:  # its launcher too, before any request
+            chunk = plan_extend(table[0], 1, 1, 1, block_size)
+            native_extend(self._native, chunk, q, cache, cache.clone(), 1.0, torch.empty_like(q))
         if self._want_native_prefill is None:
             self._native_prefill = self._native_prefill_faster(num_heads, k_cache)
         else:

@@ -36,7 +36,8 @@ kernels (``_build``) -> launcher (``_check``, ``_check_indices``) -> public func
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +292,30 @@ def plan_decode_rows(
                       scores, torch.empty_like(scores))  # fmt: skip
 
 
+def cache_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The caches as the kernels take them: numpy arrays, a bfloat16 cache as its 16-bit
+    patterns (numpy and numba have no bfloat16)."""
+    if k_cache.dtype == torch.bfloat16:
+        return k_cache.view(torch.int16).numpy(), v_cache.view(torch.int16).numpy()
+    return k_cache.numpy(), v_cache.numpy()
+
+
+@contextmanager
+def numba_launch(num_threads: int | None) -> Iterator[None]:
+    """Around a launch of parallel kernels: numba's threads set to ``num_threads``
+    (default torch's intra-op threads, so one setting governs both) and rows handed out
+    :data:`CHUNK_SIZE` at a time, the chunk size restored after. Both settings are per
+    calling thread in numba."""
+    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    previous = numba.set_parallel_chunksize(CHUNK_SIZE)
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(previous)
+
+
 def check_planned(
     rows: DecodeRows, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out: torch.Tensor,
@@ -329,21 +354,13 @@ def decode_rows_attention(
     bf16 = k_cache.dtype == torch.bfloat16
     scores_kernel, weighted_sum_kernel = kernels.get(q.shape[1] // num_kv_heads, head_dim,
                                                      num_kv_heads, bf16)
-    if bf16:  # the bit patterns (numba has no bfloat16)
-        k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
-    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-    # Both settings are per calling thread in numba.
-    if numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
-    previous_chunk = numba.set_parallel_chunksize(CHUNK_SIZE)
-    try:
-        scores_kernel(q.numpy(), k_cache.numpy(), rows.block_tables, rows.seq_lens,
+    k, v = cache_arrays(k_cache, v_cache)
+    with numba_launch(num_threads):
+        scores_kernel(q.numpy(), k, rows.block_tables, rows.seq_lens,
                       rows.q_rows, rows.seq_ids, float(scale), rows.scores.numpy())
         torch.softmax(rows.scores, dim=-1, out=rows.probs)
-        weighted_sum_kernel(rows.probs.numpy(), v_cache.numpy(), rows.block_tables,
+        weighted_sum_kernel(rows.probs.numpy(), v, rows.block_tables,
                             rows.seq_lens, rows.q_rows, rows.seq_ids, out.numpy())
-    finally:
-        numba.set_parallel_chunksize(previous_chunk)
 
 
 def cpu_paged_decode_attention(

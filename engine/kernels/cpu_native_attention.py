@@ -34,10 +34,11 @@ import torch
 
 from engine.kernels import native_build
 from engine.kernels.cpu_decode_attention import (
-    CHUNK_SIZE,
     DecodeRows,
+    cache_arrays,
     check_planned,
     check_tensors,
+    numba_launch,
 )
 
 QUERY_TILE = 16  # query rows of a prefill chunk per work item (times the heads of a KV head)
@@ -127,18 +128,6 @@ def _check_layout(q: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int]:
     return head_dim, num_heads // num_kv_heads
 
 
-def _arrays(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    if k_cache.dtype == torch.bfloat16:  # their bit patterns (numpy has no bfloat16)
-        return k_cache.view(torch.int16).numpy(), v_cache.view(torch.int16).numpy()
-    return k_cache.numpy(), v_cache.numpy()
-
-
-def _set_threads(num_threads: int | None) -> None:
-    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-    if numba.get_num_threads() != threads:  # per calling thread in numba
-        numba.set_num_threads(threads)
-
-
 def native_decode_rows(
     kernels: NativeKernels,
     rows: DecodeRows,
@@ -155,16 +144,12 @@ def native_decode_rows(
     head_dim, group = _check_layout(q, k_cache)
     if not rows.num_rows:
         return
-    k, v = _arrays(k_cache, v_cache)
-    _set_threads(num_threads)
-    previous = numba.set_parallel_chunksize(CHUNK_SIZE)
-    try:
+    k, v = cache_arrays(k_cache, v_cache)
+    with numba_launch(num_threads):
         bad = kernels.decode[k_cache.dtype](
             head_dim, group, q.numpy(), k, v, rows.block_tables, rows.seq_lens, rows.q_rows,
             rows.seq_ids, float(scale), out.numpy(),
         )  # fmt: skip
-    finally:
-        numba.set_parallel_chunksize(previous)
     if bad:
         raise RuntimeError("native decode kernel refused its arguments")
 
@@ -219,15 +204,11 @@ def native_extend(
     if not 1 <= query_tile <= MAX_QUERY_TILE:
         raise ValueError(f"query_tile must be in [1, {MAX_QUERY_TILE}], got {query_tile}")
     head_dim, group = _check_layout(q, k_cache)
-    k, v = _arrays(k_cache, v_cache)
-    _set_threads(num_threads)
-    previous = numba.set_parallel_chunksize(CHUNK_SIZE)
-    try:
+    k, v = cache_arrays(k_cache, v_cache)
+    with numba_launch(num_threads):
         bad = kernels.extend[k_cache.dtype](
             head_dim, group, q.numpy(), k, v, chunk.table, chunk.seq_len - chunk.q_len,
             float(scale), out.numpy(), query_tile,
         )  # fmt: skip
-    finally:
-        numba.set_parallel_chunksize(previous)
     if bad:
         raise RuntimeError("native extend kernel refused its arguments")

@@ -63,8 +63,9 @@ def test_without_a_threadsafe_numba_back_end_auto_falls_back_to_torch(
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cpu_engines_compile_their_decode_kernels_when_built(dtype: str) -> None:
-    """Before any request: the first decode step must not wait for a compiler (the
-    native kernels' launchers where they run here, else numba's decode kernels)."""
+    """Before any request: the first step must not wait for a compiler (the native
+    kernels' decode and prefill launchers where they run here, else numba's decode
+    kernels)."""
     config = EngineConfig.tiny(dtype=dtype, attention_backend="cpu")
     engine = build_llm_engine(config, load_model(config))
     backend = engine.runner.backend
@@ -74,7 +75,7 @@ def test_cpu_engines_compile_their_decode_kernels_when_built(dtype: str) -> None
     if native_build.unavailable_reason() is None:
         assert backend.native is not None
         assert backend.native.decode[cache_dtype].signatures
-        assert isinstance(backend.native_prefill, bool)
+        assert backend.native.extend[cache_dtype].signatures
     else:
         assert backend.native is None
         group = cfg.num_attention_heads // cfg.num_key_value_heads

@@ -92,6 +92,22 @@ EXTEND_CASES = [
 ]
 
 
+def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
+                 query_tile: int) -> torch.Tensor:  # fmt: skip
+    """Every sequence's chunk of ``batch`` through the native extend kernel, one call
+    each, as [T, H, D] (NaN where a call wrote nothing)."""
+    out = torch.full_like(batch.q, float("nan"))
+    starts = batch.query_start_loc.tolist()
+    for seq, seq_len in enumerate(batch.seq_lens_cpu):
+        lo, hi = starts[seq], starts[seq + 1]
+        chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], k.shape[1])
+        part = torch.empty_like(batch.q[lo:hi])
+        native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v,
+                      batch.q.shape[2] ** -0.5, part, query_tile=query_tile)  # fmt: skip
+        out[lo:hi] = part
+    return out
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("query_tile", [1, 16])
 @pytest.mark.parametrize(
@@ -116,14 +132,8 @@ def test_extend_matches_reference(
     scale = head_dim**-0.5
     ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
                                     batch.seq_lens, batch.block_tables, scale)  # fmt: skip
-    starts = batch.query_start_loc.tolist()
-    for seq, seq_len in enumerate(seq_lens):
-        lo, hi = starts[seq], starts[seq + 1]
-        chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], block_size)
-        out = torch.full_like(batch.q[lo:hi], float("nan"))
-        native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v, scale, out,
-                      query_tile=query_tile)  # fmt: skip
-        torch.testing.assert_close(out, ref[lo:hi], **TOLERANCES[torch.float32])
+    out = _extend_each(native, batch, k, v, query_tile)
+    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
 
 
 def test_threads_do_not_change_the_result(native: NativeKernels) -> None:
@@ -236,17 +246,9 @@ def test_any_chunks_match_reference(
     scale = head_dim**-0.5
     ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
                                     batch.seq_lens, batch.block_tables, scale)  # fmt: skip
-    starts = batch.query_start_loc.tolist()
-    last_rows = []
-    for seq, seq_len in enumerate(seq_lens):
-        lo, hi = starts[seq], starts[seq + 1]
-        chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], block_size)
-        out = torch.empty_like(batch.q[lo:hi])
-        native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v, scale, out,
-                      query_tile=query_tile)  # fmt: skip
-        torch.testing.assert_close(out, ref[lo:hi], **TOLERANCES[torch.float32])
-        last_rows.append(hi - 1)
-    rows = torch.tensor(last_rows)
+    out = _extend_each(native, batch, k, v, query_tile)
+    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+    rows = batch.query_start_loc[1:].long() - 1  # each chunk's last row
     plan = plan_decode_rows(batch.q.shape[0], num_heads, k.shape[0], block_size,
                             batch.block_tables, batch.seq_lens, rows,
                             torch.arange(len(chunks)), scratch=False)  # fmt: skip
