@@ -28,7 +28,9 @@ import triton.language as tl
 
 from engine.kernels.kv_tile import load_kv_tile
 from engine.kernels.launch import (
+    DEFAULT_LAUNCH,
     KVScales,
+    LaunchOptions,
     check_device,
     check_kv_cache,
     check_power_of_two,
@@ -225,6 +227,16 @@ def _check_decode(
         raise ValueError("block_tables must be int32 with a unit stride per row")
 
 
+def default_num_warps(dtype: torch.dtype, head_dim: int) -> int:
+    """Warps per split program: 8 for float32 at head_dim > 64, else 4.
+
+    Compiled for sm_80 and sm_90 (``bench/kernel_compile.py``): float32 at head_dim 128
+    with 4 warps spilled on sm_80 (68 LDL/STL); with 8, an int8 cache under bf16 spilled
+    on sm_90 (4); these choices spill nowhere.
+    """
+    return 8 if dtype == torch.float32 and head_dim > 64 else 4
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int) -> int:
     """Splits per sequence: enough programs to fill the GPU, each with a long enough range."""
     per_split_cap = max(1, triton.cdiv(max_seq_len, max(MIN_TOKENS_PER_SPLIT, block_n)))
@@ -243,6 +255,7 @@ def _launch_decode(
     num_splits: int,
     block_n: int,
     kv_scales: KVScales | None,
+    launch: LaunchOptions,
 ) -> torch.Tensor:
     _check_decode(q, k_cache, v_cache, block_tables, seq_lens, kv_scales, block_n)
     k_scale, v_scale = (kv_scales.k, kv_scales.v) if kv_scales else (k_cache, v_cache)
@@ -271,6 +284,7 @@ def _launch_decode(
         KV_INT8=kv_scales is not None,
         UPCAST=upcast_inputs(_decode_split_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
+        **launch.kwargs(default_num_warps(q.dtype, head_dim)),
     )  # fmt: skip
     _decode_reduce_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out, num_splits,
@@ -294,12 +308,14 @@ def paged_decode_attention(
     num_splits: int | None = None,
     block_n: int = DEFAULT_BLOCK_N,
     kv_scales: KVScales | None = None,
+    launch: LaunchOptions = DEFAULT_LAUNCH,
 ) -> torch.Tensor:
     """One query token per sequence over its paged context: returns [S, H, D].
 
     ``max_seq_len`` (a Python int >= every ``seq_lens``) sizes the split-K plan without a
     device sync; ``num_splits`` overrides the heuristic of :func:`choose_num_splits`.
     With ``kv_scales`` the caches are int8 (see :mod:`engine.kernels.kv_write_int8`).
+    ``launch`` sets the split kernel's warps and pipeline stages.
     """
     if num_splits is None:
         num_splits = choose_num_splits(q.shape[0], k_cache.shape[2], max_seq_len, block_n)
@@ -309,5 +325,5 @@ def paged_decode_attention(
         return torch.empty_like(q)
     return _launch_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len, num_splits, block_n,
-        kv_scales,
+        kv_scales, launch,
     )  # fmt: skip

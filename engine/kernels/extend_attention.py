@@ -24,7 +24,9 @@ import triton.language as tl
 
 from engine.kernels.kv_tile import load_kv_tile
 from engine.kernels.launch import (
+    DEFAULT_LAUNCH,
     KVScales,
+    LaunchOptions,
     check_device,
     check_kv_cache,
     check_power_of_two,
@@ -35,6 +37,7 @@ from engine.kernels.launch import (
 LOG2_E = 1.4426950408889634
 DEFAULT_BLOCK_M = 64
 DEFAULT_BLOCK_N = 64
+FLOAT32_TILES = (16, 32)
 
 
 @triton.jit
@@ -192,6 +195,7 @@ def _launch_extend(
     block_m: int,
     block_n: int,
     kv_scales: KVScales | None,
+    launch: LaunchOptions,
 ) -> torch.Tensor:
     _check_extend(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, kv_scales)
     k_scale, v_scale = (kv_scales.k, kv_scales.v) if kv_scales else (k_cache, v_cache)
@@ -218,8 +222,28 @@ def _launch_extend(
         KV_INT8=kv_scales is not None,
         UPCAST=upcast_inputs(_extend_kernel, q.dtype),
         DOT_PRECISION=dot_precision(q.dtype),
+        **launch.kwargs(default_num_warps(head_dim)),
     )  # fmt: skip
     return out
+
+
+def default_num_warps(head_dim: int) -> int:
+    """Warps per program: 8 at head_dim > 64, else 4. Compiled for sm_80, 64 x 64 bf16
+    tiles at head_dim 128 spilled with 4 warps (35 LDL/STL), and none with 8."""
+    return 8 if head_dim > 64 else 4
+
+
+def default_tiles(dtype: torch.dtype) -> tuple[int, int]:
+    """(block_m, block_n) for queries of ``dtype``.
+
+    bf16/fp16 dots run on the tensor cores (wgmma on Hopper) with no spills at 64 x 64.
+    float32 dots run on the FMA units with their tiles in registers: at 64 x 64 a
+    head_dim-128 program spilled 8.5 KB to local memory on sm_90 (31,831 LDL/STL in its
+    SASS); at 16 x 32 nothing spilled on sm_80 or sm_90 (``bench/kernel_compile.py``).
+    """
+    if dtype == torch.float32:
+        return FLOAT32_TILES
+    return DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
 
 def extend_attention(
@@ -231,16 +255,21 @@ def extend_attention(
     block_tables: torch.Tensor,
     scale: float,
     max_query_len: int,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
+    block_m: int | None = None,
+    block_n: int | None = None,
     kv_scales: KVScales | None = None,
+    launch: LaunchOptions = DEFAULT_LAUNCH,
 ) -> torch.Tensor:
     """Causal attention of the new tokens ``q`` ([T, H, D]) over their paged context.
 
     ``max_query_len`` (a Python int >= every query length) sizes the grid without a
-    device sync. With ``kv_scales`` the caches are int8. Returns [T, H, D] in q's dtype.
+    device sync. With ``kv_scales`` the caches are int8. ``block_m``/``block_n`` default
+    to :func:`default_tiles` of q's dtype; ``launch`` sets warps and pipeline stages.
+    Returns [T, H, D] in q's dtype.
     """
+    tile_m, tile_n = default_tiles(q.dtype)
     return _launch_extend(
         q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-        max_query_len, block_m, block_n, kv_scales,
+        max_query_len, tile_m if block_m is None else block_m,
+        tile_n if block_n is None else block_n, kv_scales, launch,
     )  # fmt: skip

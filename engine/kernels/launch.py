@@ -59,6 +59,33 @@ def next_power_of_2(value: int) -> int:
 
 
 @dataclass(frozen=True)
+class LaunchOptions:
+    """Triton's per-launch compile options. ``num_warps`` None: the kernel's default
+    (each kernel module's ``default_num_warps``); ``num_stages`` None: Triton's
+    (3 software-pipeline stages on CUDA). Benchmarks sweep them; the engine uses defaults."""
+
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_warps is not None:
+            check_power_of_two("num_warps", self.num_warps, 1)
+        if self.num_stages is not None and self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages} must be >= 1")
+
+    def kwargs(self, default_num_warps: int) -> dict[str, int]:
+        """Launch keyword arguments: the warps (``default_num_warps`` unless set) and the
+        stages where set."""
+        options = {"num_warps": self.num_warps or default_num_warps}
+        if self.num_stages is not None:
+            options["num_stages"] = self.num_stages
+        return options
+
+
+DEFAULT_LAUNCH = LaunchOptions()
+
+
+@dataclass(frozen=True)
 class KVScales:
     """float32 dequantization scales of an int8 cache pair: [num_blocks, block_size, Hkv]
     (one per token slot and KV head), so ``x = int8 * scale``."""
