@@ -105,9 +105,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[RunnerSeq]) -> torch.Tensor:
-        """Run one step; float32 logits [num sequences needing logits, vocab] on CPU."""
+        """Run one step; float32 logits [num sequences needing logits, vocab], left on
+        the device (sampling runs there; only the picked token ids travel)."""
         if not batch:
             raise ValueError("empty batch")
         input_ids, positions, meta, rows = self.build(batch)
         hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend)
-        return self.model.compute_logits(hidden.index_select(0, rows)).cpu()
+        return self.model.compute_logits(hidden.index_select(0, rows))

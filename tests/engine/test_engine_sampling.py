@@ -4,12 +4,21 @@ logprobs, n choices."""
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.api import FinishReason, GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine
 from engine.output import OutputProcessor
-from engine.sampling import filter_logits, greedy_tokens, make_generator, sample_row
+from engine.sampling import (
+    filter_logits,
+    greedy_tokens,
+    inverse_cdf,
+    make_generator,
+    sample_batch,
+    sample_row,
+)
 from engine.sequence import Sequence
 from engine.tokenizer import ByteTokenizer
 
@@ -140,3 +149,45 @@ def test_a_tiny_temperature_is_greedy_and_cannot_fail_other_requests(
     tokens = {rid: [t for c in out[rid][0] for t in c.token_ids] for rid in out}
     assert len(tokens["other"]) == 6
     assert tokens["tiny"] == tokens["greedy"] and len(tokens["tiny"]) == 6
+
+
+def test_inverse_cdf_picks_by_cumulative_mass_and_never_a_zero() -> None:
+    probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0]]).repeat(6, 1)
+    u = torch.tensor([0.0, 0.0999, 0.1001, 0.69, 0.71, 1.0 - 2**-24])
+    assert inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 4, 4]
+    unnormalised = torch.tensor([[2.0, 0.0, 6.0]])  # total 8: u = 0.5 -> mass 4 -> token 2
+    assert inverse_cdf(unnormalised, torch.tensor([0.5])).tolist() == [2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([0.0, 1e-30, 1e-6, 0.5, 1.0, 3.0]), min_size=1, max_size=40)
+    .filter(lambda w: sum(w) > 0),
+    u=st.floats(min_value=0.0, max_value=1.0 - 2**-24),
+)
+def test_inverse_cdf_only_picks_tokens_of_positive_probability(
+    weights: list[float], u: float
+) -> None:
+    probs = torch.tensor([weights], dtype=torch.float32)
+    (token,) = inverse_cdf(probs, torch.tensor([u])).tolist()
+    assert probs[0, token] > 0
+
+
+def test_sampled_frequencies_follow_the_distribution() -> None:
+    logits = torch.log(torch.tensor([0.1, 0.0, 0.6, 0.3]))
+    params = SamplingParams(temperature=1.0, seed=0)
+    gen = make_generator(params, 0)
+    draws = [sample_row(logits, params, gen) for _ in range(4000)]
+    counts = [draws.count(t) / len(draws) for t in range(4)]
+    assert counts[1] == 0.0
+    for got, want in zip(counts, (0.1, 0.0, 0.6, 0.3), strict=True):
+        assert abs(got - want) < 0.03  # 4 sigma at p = 0.6, n = 4000: 0.031
+
+
+def test_a_batch_draws_each_row_from_its_own_generator() -> None:
+    """Row i's draw depends only on row i's generator: batching changes nothing."""
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(temperature=0.8, seed=s, top_k=50 if s == 2 else 0) for s in range(5)]
+    together, _ = sample_batch(logits, params, [make_generator(p, 0) for p in params])
+    alone = [sample_row(logits[i], p, make_generator(p, 0)) for i, p in enumerate(params)]
+    assert together == alone
