@@ -1,6 +1,10 @@
 """The engine end to end for bench/kernels.py, with nano-vllm's recipe: random prompt
 token ids and output lengths in [min_len, max_len], ignore_eos, temperature 0.6, all
-requests submitted at once; throughput = output tokens / wall seconds."""
+requests submitted at once; throughput = output tokens / wall seconds.
+
+The model is SmolLM2-135M's architecture with random weights (``RANDOM_SMOLLM2``) unless
+a checkpoint path is given: with ignore_eos the speed does not depend on the weights,
+and the bundled 98 MB GGUF need not travel to a GPU machine."""
 
 from __future__ import annotations
 
@@ -12,12 +16,22 @@ import torch
 
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import TINY_MODEL, EngineConfig
-from engine.factory import build_llm_engine
+from engine.factory import LoadedModel, build_llm_engine, random_model
+from engine.model.config import LlamaConfig
+from engine.tokenizer import ChatTemplate, TextTokenizer
+
+RANDOM_SMOLLM2 = "random-smollm2-135m"
+# SmolLM2-135M-Instruct as engine.loader.gguf_loader reads it from the bundled GGUF.
+SMOLLM2_135M = LlamaConfig(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+    rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class EnginePlan:
-    model: str | None  # None: the bundled SmolLM2 GGUF
+    model: str | None  # RANDOM_SMOLLM2, a checkpoint path, or None: the bundled GGUF
     smoke: bool  # tiny random model in float32 (CPU check of the script)
     device: str
     block_size: int
@@ -48,6 +62,23 @@ def nano_vllm_requests(plan: EnginePlan, vocab_size: int) -> list[GenerationRequ
     return requests
 
 
+def numbered_tokenizer(vocab_size: int) -> TextTokenizer:
+    """Token i is the word ``t<i>``: decodes every id of a random model's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return TextTokenizer(tok, ChatTemplate(None), eos_token_ids=(0,))
+
+
+def engine_model(plan: EnginePlan, config: EngineConfig) -> LoadedModel | None:
+    """The random SmolLM2-shaped model, or None to let the engine load ``config.model``."""
+    if plan.smoke or plan.model != RANDOM_SMOLLM2:
+        return None
+    tokenizer = numbered_tokenizer(SMOLLM2_135M.vocab_size)
+    return random_model(RANDOM_SMOLLM2, SMOLLM2_135M, tokenizer, config.dtype, config.device)
+
+
 def bench_engine(backend: str, plan: EnginePlan) -> dict[str, Any]:
     """Output tokens per second of the synchronous engine with ``backend``."""
     config = EngineConfig(
@@ -57,7 +88,7 @@ def bench_engine(backend: str, plan: EnginePlan) -> dict[str, Any]:
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
         max_model_len=2 * plan.max_len, attention_backend=backend,
     )  # fmt: skip
-    llm = build_llm_engine(config)
+    llm = build_llm_engine(config, engine_model(plan, config))
     requests = nano_vllm_requests(plan, llm.limits.vocab_size)
     llm.generate_sync([GenerationRequest("warmup", (5, 6, 7), SamplingParams(max_tokens=4))])
     start = time.perf_counter()
@@ -67,5 +98,6 @@ def bench_engine(backend: str, plan: EnginePlan) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     out_tokens = sum(r.sampling.max_tokens for r in requests)
     rate = round(out_tokens / seconds, 1)
-    return {"backend": backend, "requests": len(requests), "output_tokens": out_tokens,
-            "seconds": round(seconds, 2), "tokens_per_s": rate}  # fmt: skip
+    return {"backend": backend, "model": llm.model_name, "requests": len(requests),
+            "output_tokens": out_tokens, "seconds": round(seconds, 2),
+            "tokens_per_s": rate}  # fmt: skip

@@ -13,6 +13,11 @@ Without CUDA it prints a JSON note and exits 0; ``--smoke`` instead runs tiny sh
 CPU under the Triton interpreter (checks the script, figures meaningless).
 
     python bench/kernels.py [--block-size 16] [--peak-gbps 3350] [--skip-engine]
+                            [--sweep] [--out results.json]
+
+``--sweep`` also times the decode and extend kernels over block shapes, warps and
+pipeline stages (bench/kernel_sweep.py); ``--out`` rewrites a JSON file after every
+section, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from kernel_engine import RANDOM_SMOLLM2
 
 Thunk = Callable[[], object]
 DECODE_BATCHES = (1, 16, 64)
@@ -62,6 +69,17 @@ def peak_gbps(override: float | None) -> float | None:
     clock_khz = getattr(props, "memory_clock_rate", 0)
     bus_bits = getattr(props, "memory_bus_width", 0)
     return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None
+
+
+def copy_gbps(cfg: BenchConfig) -> float | None:
+    """Device-to-device copy of 2 GiB, bytes read + written per second: the bandwidth a
+    kernel that streams memory can reach here (the datasheet peak is not reachable)."""
+    if cfg.device != "cuda":
+        return None
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), cfg)
+    return round(2 * src.numel() * src.element_size() / ms / 1e6, 1)
 
 
 def time_ms(fn: Thunk, cfg: BenchConfig) -> float:
@@ -255,7 +273,8 @@ def engine_plan(args: argparse.Namespace, cfg: BenchConfig) -> Any:
     from kernel_engine import EnginePlan
 
     return EnginePlan(
-        model=None if cfg.smoke else args.model, smoke=cfg.smoke, device=cfg.device,
+        model=None if cfg.smoke or args.model == "bundled" else args.model, smoke=cfg.smoke,
+        device=cfg.device,
         block_size=cfg.block_size, kv_cache_gib=args.kv_cache_gib,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         num_requests=args.engine_requests, min_len=args.min_len, max_len=args.max_len,
@@ -269,7 +288,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-engine", action="store_true")
-    p.add_argument("--model", default=None, help="engine model (default: bundled SmolLM2)")
+    p.add_argument("--model", default=RANDOM_SMOLLM2,
+                   help="engine model: a checkpoint path, 'bundled' for the SmolLM2 GGUF, or "
+                   "the default: SmolLM2-135M's architecture with random weights")  # fmt: skip
+    p.add_argument("--sweep", action="store_true", help="time kernel launch variants too")
+    p.add_argument("--out", type=Path, default=None, help="JSON file rewritten per section")
     p.add_argument("--engine-requests", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
@@ -287,26 +310,62 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     args.engine_requests, args.min_len, args.max_len = 3, 4, 12
     args.kv_cache_gib, args.max_num_batched_tokens = 1, 64
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
-    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5]}
+    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5],
+            "sweep_decode": [(2, 40)], "decode_variants": [(16, 4, 2), (32, 2, 3)],
+            "sweep_extend": [(2, 20, 12)], "extend_variants": [(16, 16, 4, 2)]}  # fmt: skip
     return cfg, plan
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run_sweep(cfg: BenchConfig, plan: dict[str, Any]) -> dict[str, Any]:
+    """bench/kernel_sweep.py over the plan's sweep cases."""
+    import kernel_sweep as ks
+
+    out: dict[str, Any] = {"decode": [], "extend": []}
+    for batch, context in plan["sweep_decode"]:
+        log(f"sweep decode batch={batch} context={context}")
+        x = make_inputs(cfg, batch, context - 1, 1, seed=batch + context)
+        read = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * x.k_cache.element_size()
+        rows = ks.sweep_decode(x, lambda fn: time_ms(fn, cfg), read, plan["decode_variants"])
+        out["decode"].append({"batch": batch, "context": context, "best": ks.best(rows, "gbps"),
+                              "variants": rows})  # fmt: skip
+    for num_seqs, prefix, new in plan["sweep_extend"]:
+        log(f"sweep extend seqs={num_seqs} prefix={prefix} new={new}")
+        x = make_inputs(cfg, num_seqs, prefix, new, seed=num_seqs + prefix + new)
+        flops = 4 * cfg.num_heads * cfg.head_dim * num_seqs * (new * prefix + new * (new + 1) // 2)
+        rows = ks.sweep_extend(x, lambda fn: time_ms(fn, cfg), flops, plan["extend_variants"])
+        out["extend"].append({"num_seqs": num_seqs, "prefix": prefix, "new_tokens": new,
+                              "best": ks.best(rows, "tflops"), "variants": rows})  # fmt: skip
+    return out
+
+
+def _triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every section asked for; ``save`` gets the result so far after each one."""
     if args.smoke:
         cfg, plan = smoke_overrides(args)
         peak = args.peak_gbps
     else:
+        import kernel_sweep as ks
+
         cfg = BenchConfig(32, 8, 128, args.block_size, torch.bfloat16, "cuda", smoke=False)
         plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
-                "prefill": list(PREFILL_CASES), "rope": [1, 64, 4096]}  # fmt: skip
+                "prefill": list(PREFILL_CASES), "rope": [1, 64, 4096],
+                "sweep_decode": ks.DECODE_CASES, "decode_variants": ks.DECODE_VARIANTS,
+                "sweep_extend": ks.EXTEND_CASES, "extend_variants": ks.EXTEND_VARIANTS}  # fmt: skip
         peak = peak_gbps(args.peak_gbps)
     device = "cpu (Triton interpreter)" if cfg.smoke else torch.cuda.get_device_name(0)
     shape = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
              "head_dim": cfg.head_dim, "block_size": cfg.block_size,
              "dtype": str(cfg.dtype)}  # fmt: skip
     result: dict[str, Any] = {
-        "device": device, "smoke": cfg.smoke, "peak_gbps": peak, "shape": shape
-    }
+        "device": device, "smoke": cfg.smoke, "peak_gbps": peak, "copy_gbps": copy_gbps(cfg),
+        "shape": shape, "versions": {"torch": torch.__version__, "triton": _triton_version()},
+    }  # fmt: skip
     if not args.skip_decode:
         result["decode"] = []
         for batch, context in plan["decode"]:
@@ -316,14 +375,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bench_decode_int8(cfg, batch, context, peak)
             )
             torch.cuda.empty_cache() if cfg.device == "cuda" else None
+        save(result)
     if not args.skip_prefill:
         result["prefill"] = []
         for num_seqs, prefix, new in plan["prefill"]:
             log(f"prefill seqs={num_seqs} prefix={prefix} new={new}")
             result["prefill"].append(bench_prefill(cfg, num_seqs, prefix, new))
-    if not args.skip_prefill:
         log("fused rope + kv write")
         result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
+        save(result)
     if not args.skip_engine:
         from kernel_engine import bench_engine
 
@@ -335,6 +395,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # report it, keep the kernel figures
                 error = f"{type(exc).__name__}: {exc}"[:300]
                 result["engine"].append({"backend": backend, "error": error})
+            save(result)
+    if args.sweep:
+        result["sweep"] = run_sweep(cfg, plan)
+        save(result)
     return result
 
 
@@ -344,7 +408,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"skipped": True, "reason": "bench/kernels.py needs a CUDA GPU; none is "
                           "visible here (use --smoke to check the script on CPU)"}))  # fmt: skip
         return 0
-    print(json.dumps(run(args), indent=2))
+
+    def save(result: dict[str, Any]) -> None:
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2))
+
+    print(json.dumps(run(args, save), indent=2))
     return 0
 
 

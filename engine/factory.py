@@ -95,8 +95,7 @@ def _build_model(
     else:
         _init_tiny(model, seed)
     model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
-    packing = best_packing()
-    if device == "cpu" and packing is not None:
+    if device == "cpu" and (packing := best_packing()) is not None:
         pack_linears(model, packing)  # engine.model.packed_linear: its measurements
     return model
 
@@ -109,6 +108,15 @@ def _init_tiny(model: LlamaForCausalLM, seed: int) -> None:
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
+
+
+def random_model(
+    name: str, cfg: LlamaConfig, tokenizer: Tokenizer, dtype: str, device: str, seed: int = 0
+) -> LoadedModel:
+    """Architecture ``cfg`` with random weights (benchmarks: with ``ignore_eos`` the
+    engine's speed does not depend on the weights, so no checkpoint has to travel).
+    ``tokenizer`` must decode every id below ``cfg.vocab_size``."""
+    return LoadedModel(name, cfg, _build_model(cfg, None, dtype, device, seed), tokenizer)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
