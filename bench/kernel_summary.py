@@ -61,7 +61,7 @@ def engine_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-_KEYS = ("block_n", "num_warps", "num_stages")
+_KEYS = ("block_n", "num_warps", "num_stages", "num_splits")
 
 
 def _pick(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def sweep_table(result: dict[str, Any]) -> list[str]:
     if not sweep:
         return []
     lines = ["sweep: default vs best variant"]
-    decode_keys, extend_keys = _KEYS, ("block_m", *_KEYS)
+    decode_keys, extend_keys = _KEYS, ("block_m", *_KEYS[:3])
     for r in sweep["decode"]:
         default, top = r["variants"][0], r["best"] or {}
         lines.append(f"  decode b={r['batch']} ctx={r['context']}: default "

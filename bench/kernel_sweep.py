@@ -6,7 +6,8 @@ the alternatives on the same inputs, each checked against the default's output, 
 run says which defaults to keep. A variant that cannot launch (too much shared memory
 for the chip, say) is reported with its error.
 
-    decode variants: BLOCK_N {32, 64, 128} x warps {4, 8} x stages {2, 3, 4}
+    decode variants: BLOCK_N {32, 64, 128} x warps {4, 8} x stages {2, 3, 4}, then the
+                     split-K count {1, 2, 4, ..., 64} at the default launch
     extend variants: (BLOCK_M, BLOCK_N) {64x64, 128x64, 128x32, 64x32} x warps {4, 8}
                      x stages {2, 3}
 """
@@ -24,6 +25,7 @@ Timer = Callable[[Thunk], float]
 
 DECODE_CASES = ((1, 32768), (16, 4096), (64, 4096))  # batch, context
 EXTEND_CASES = ((8, 4096, 512), (1, 0, 8192))  # sequences, cached prefix, new tokens
+DECODE_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 DECODE_VARIANTS = [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)]
 EXTEND_VARIANTS = [
     (bm, bn, w, st)
@@ -41,18 +43,20 @@ def _timed(run: Callable[[], torch.Tensor], expected: torch.Tensor, timer: Timer
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
-def sweep_decode(x: Any, timer: Timer, read_bytes: int, variants: list[tuple[int, ...]]
-                 ) -> list[dict[str, Any]]:  # fmt: skip
+def sweep_decode(x: Any, timer: Timer, read_bytes: int, variants: list[tuple[int, ...]],
+                 splits_variants: tuple[int, ...]) -> list[dict[str, Any]]:  # fmt: skip
     """Every decode variant on inputs ``x`` (bench/kernel_peers.PagedInputs)."""
     from engine.kernels.decode_attention import paged_decode_attention
     from engine.kernels.launch import LaunchOptions
 
     scale = x.q.shape[-1] ** -0.5
 
-    def decode(block_n: int = 64, launch: LaunchOptions | None = None) -> torch.Tensor:
+    def decode(block_n: int = 64, launch: LaunchOptions | None = None,
+               num_splits: int | None = None) -> torch.Tensor:  # fmt: skip
         return paged_decode_attention(
             x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, scale,
             max_seq_len=x.context_len, block_n=block_n, launch=launch or LaunchOptions(),
+            num_splits=num_splits,
         )  # fmt: skip
 
     default = decode()
@@ -61,6 +65,9 @@ def sweep_decode(x: Any, timer: Timer, read_bytes: int, variants: list[tuple[int
         launch = LaunchOptions(warps, stages)
         row = _timed(functools.partial(decode, block_n, launch), default, timer)
         rows.append({"block_n": block_n, "num_warps": warps, "num_stages": stages, **row})
+    for splits in splits_variants:
+        row = _timed(functools.partial(decode, num_splits=splits), default, timer)
+        rows.append({"block_n": "default", "num_splits": splits, **row})
     for row in rows:
         if "ms" in row:
             row["gbps"] = round(read_bytes / row["ms"] / 1e6, 1)

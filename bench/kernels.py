@@ -312,6 +312,7 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
     plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5],
             "sweep_decode": [(2, 40)], "decode_variants": [(16, 4, 2), (32, 2, 3)],
+            "decode_splits": (1, 3),
             "sweep_extend": [(2, 20, 12)], "extend_variants": [(16, 16, 4, 2)]}  # fmt: skip
     return cfg, plan
 
@@ -325,7 +326,8 @@ def run_sweep(cfg: BenchConfig, plan: dict[str, Any]) -> dict[str, Any]:
         log(f"sweep decode batch={batch} context={context}")
         x = make_inputs(cfg, batch, context - 1, 1, seed=batch + context)
         read = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * x.k_cache.element_size()
-        rows = ks.sweep_decode(x, lambda fn: time_ms(fn, cfg), read, plan["decode_variants"])
+        rows = ks.sweep_decode(x, lambda fn: time_ms(fn, cfg), read, plan["decode_variants"],
+                               plan["decode_splits"])  # fmt: skip
         out["decode"].append({"batch": batch, "context": context, "best": ks.best(rows, "gbps"),
                               "variants": rows})  # fmt: skip
     for num_seqs, prefix, new in plan["sweep_extend"]:
@@ -356,6 +358,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
                 "prefill": list(PREFILL_CASES), "rope": [1, 64, 4096],
                 "sweep_decode": ks.DECODE_CASES, "decode_variants": ks.DECODE_VARIANTS,
+                "decode_splits": ks.DECODE_SPLITS,
                 "sweep_extend": ks.EXTEND_CASES, "extend_variants": ks.EXTEND_VARIANTS}  # fmt: skip
         peak = peak_gbps(args.peak_gbps)
     device = "cpu (Triton interpreter)" if cfg.smoke else torch.cuda.get_device_name(0)
