@@ -89,7 +89,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # u * total can round up to the total, past every token: take the last one of
     # non-zero probability (where the cumulative sum first reaches the total) instead.
     last = torch.searchsorted(cdf, total, right=False)
-    return torch.minimum(picked, last).squeeze(1)
+    # A row of NaN (a broken model) finds nothing: keep its id in range, as argmax would.
+    return torch.minimum(picked, last).clamp_max(probs.shape[-1] - 1).squeeze(1)
 
 
 def token_logprob(logits: torch.Tensor, token_id: int, top: int) -> TokenLogprob:

@@ -191,3 +191,9 @@ def test_a_batch_draws_each_row_from_its_own_generator() -> None:
     together, _ = sample_batch(logits, params, [make_generator(p, 0) for p in params])
     alone = [sample_row(logits[i], p, make_generator(p, 0)) for i, p in enumerate(params)]
     assert together == alone
+
+
+def test_a_nan_row_still_yields_a_token_id_in_range() -> None:
+    probs = torch.tensor([[0.2, float("nan"), 0.3], [0.5, 0.5, 0.0]])
+    tokens = inverse_cdf(probs, torch.tensor([0.9, 0.9])).tolist()
+    assert 0 <= tokens[0] < 3 and tokens[1] == 1
