@@ -19,8 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from kernel_cases import (
+    BenchConfig,
+    Thunk,
+    kv_read_bytes,
+    log,
+    make_inputs,
+    prefill_flops,
+    time_ms,
+)
 
-Thunk = Callable[[], object]
 Timer = Callable[[Thunk], float]
 
 DECODE_CASES = ((1, 32768), (16, 4096), (64, 4096))  # batch, context
@@ -100,6 +108,27 @@ def sweep_extend(x: Any, timer: Timer, flops: int, variants: list[tuple[int, ...
         if "ms" in row:
             row["tflops"] = round(flops / row["ms"] / 1e9, 2)
     return rows
+
+
+def run_sweep(cfg: BenchConfig, plan: dict[str, Any]) -> dict[str, Any]:
+    """Both sweeps over the plan's cases (bench/kernels.py builds the plan)."""
+    out: dict[str, Any] = {"decode": [], "extend": []}
+    timer: Timer = functools.partial(time_ms, cfg=cfg)
+    for batch, context in plan["sweep_decode"]:
+        log(f"sweep decode batch={batch} context={context}")
+        x = make_inputs(cfg, batch, context - 1, 1, seed=batch + context)
+        read = kv_read_bytes(cfg, batch, context, x.k_cache.element_size())
+        rows = sweep_decode(x, timer, read, plan["decode_variants"], plan["decode_splits"])
+        out["decode"].append({"batch": batch, "context": context, "best": best(rows, "gbps"),
+                              "variants": rows})  # fmt: skip
+    for num_seqs, prefix, new in plan["sweep_extend"]:
+        log(f"sweep extend seqs={num_seqs} prefix={prefix} new={new}")
+        x = make_inputs(cfg, num_seqs, prefix, new, seed=num_seqs + prefix + new)
+        flops = prefill_flops(cfg, num_seqs, prefix, new)
+        rows = sweep_extend(x, timer, flops, plan["extend_variants"])
+        out["extend"].append({"num_seqs": num_seqs, "prefix": prefix, "new_tokens": new,
+                              "best": best(rows, "tflops"), "variants": rows})  # fmt: skip
+    return out
 
 
 def best(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:

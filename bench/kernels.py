@@ -26,36 +26,27 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from kernel_cases import (
+    BenchConfig,
+    Thunk,
+    kv_read_bytes,
+    log,
+    make_inputs,
+    prefill_flops,
+    time_ms,
+)
 from kernel_engine import RANDOM_SMOLLM2
 
-Thunk = Callable[[], object]
 DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXTS = (512, 4096, 32768)
 PREFILL_CASES = ((1, 0, 8192), (8, 0, 1024), (8, 4096, 512), (4, 16384, 1024))  # S, prefix, new
 PEAK_GBPS = {"H200": 4800, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350,
              "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    dtype: torch.dtype
-    device: str
-    smoke: bool
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def peak_gbps(override: float | None) -> float | None:
@@ -80,43 +71,6 @@ def copy_gbps(cfg: BenchConfig) -> float | None:
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), cfg)
     return round(2 * src.numel() * src.element_size() / ms / 1e6, 1)
-
-
-def time_ms(fn: Thunk, cfg: BenchConfig) -> float:
-    """Median milliseconds per call (CUDA events; a wall clock in smoke mode)."""
-    if cfg.device == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    fn()
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
-def make_inputs(cfg: BenchConfig, num_seqs: int, prefix: int, new: int, seed: int) -> Any:
-    from kernel_peers import PagedInputs
-
-    gen = torch.Generator(device=cfg.device).manual_seed(seed)
-    context = prefix + new
-    per_seq = -(-context // cfg.block_size)
-    shape = (num_seqs * per_seq, cfg.block_size, cfg.num_kv_heads, cfg.head_dim)
-
-    def randn(*size: int) -> torch.Tensor:
-        return torch.randn(size, generator=gen, device=cfg.device, dtype=cfg.dtype)
-
-    order = torch.randperm(num_seqs * per_seq, generator=gen, device=cfg.device)
-    qsl = torch.arange(num_seqs + 1, device=cfg.device, dtype=torch.int32) * new
-    return PagedInputs(
-        q=randn(num_seqs * new, cfg.num_heads, cfg.head_dim),
-        k_cache=randn(*shape),
-        v_cache=randn(*shape),
-        block_tables=order.view(num_seqs, per_seq).to(torch.int32),
-        seq_lens=torch.full((num_seqs,), context, dtype=torch.int32, device=cfg.device),
-        query_start_loc=qsl,
-        query_len=new,
-        context_len=context,
-    )
 
 
 def _peer_rows(peers: dict[str, Callable[[], Thunk]], cfg: BenchConfig) -> dict[str, Any]:
@@ -147,7 +101,7 @@ def bench_decode(cfg: BenchConfig, batch: int, context: int, peak: float | None)
         )
 
     elem = x.k_cache.element_size()
-    kv_bytes = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * elem
+    kv_bytes = kv_read_bytes(cfg, batch, context, elem)
     other_bytes = 2 * x.q.numel() * elem + x.block_tables.numel() * 4
     ref = kp.sdpa_decode(x, include_gather=False)()
     assert isinstance(ref, torch.Tensor)
@@ -218,8 +172,7 @@ def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dic
     assert isinstance(ref, torch.Tensor)  # [S, H, new, D]
     ref_tokens = ref.transpose(1, 2).reshape(x.q.shape)
     max_err = float((ours().float() - ref_tokens.float()).abs().max())
-    pairs = num_seqs * (new * prefix + new * (new + 1) // 2)
-    flops = 4 * cfg.num_heads * cfg.head_dim * pairs
+    flops = prefill_flops(cfg, num_seqs, prefix, new)
     rows = _peer_rows(
         {
             "triton": lambda: ours,
@@ -317,29 +270,6 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     return cfg, plan
 
 
-def run_sweep(cfg: BenchConfig, plan: dict[str, Any]) -> dict[str, Any]:
-    """bench/kernel_sweep.py over the plan's sweep cases."""
-    import kernel_sweep as ks
-
-    out: dict[str, Any] = {"decode": [], "extend": []}
-    for batch, context in plan["sweep_decode"]:
-        log(f"sweep decode batch={batch} context={context}")
-        x = make_inputs(cfg, batch, context - 1, 1, seed=batch + context)
-        read = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * x.k_cache.element_size()
-        rows = ks.sweep_decode(x, lambda fn: time_ms(fn, cfg), read, plan["decode_variants"],
-                               plan["decode_splits"])  # fmt: skip
-        out["decode"].append({"batch": batch, "context": context, "best": ks.best(rows, "gbps"),
-                              "variants": rows})  # fmt: skip
-    for num_seqs, prefix, new in plan["sweep_extend"]:
-        log(f"sweep extend seqs={num_seqs} prefix={prefix} new={new}")
-        x = make_inputs(cfg, num_seqs, prefix, new, seed=num_seqs + prefix + new)
-        flops = 4 * cfg.num_heads * cfg.head_dim * num_seqs * (new * prefix + new * (new + 1) // 2)
-        rows = ks.sweep_extend(x, lambda fn: time_ms(fn, cfg), flops, plan["extend_variants"])
-        out["extend"].append({"num_seqs": num_seqs, "prefix": prefix, "new_tokens": new,
-                              "best": ks.best(rows, "tflops"), "variants": rows})  # fmt: skip
-    return out
-
-
 def _triton_version() -> str:
     import triton
 
@@ -400,6 +330,8 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
                 result["engine"].append({"backend": backend, "error": error})
             save(result)
     if args.sweep:
+        from kernel_sweep import run_sweep
+
         result["sweep"] = run_sweep(cfg, plan)
         save(result)
     return result

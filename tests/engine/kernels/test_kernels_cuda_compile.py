@@ -4,7 +4,9 @@ sound: no register spills, shared memory within the chip's limit, K/V tiles load
 
 The interpreter that the other kernel tests use accepts code a GPU build rejects, so
 this runs ``bench/kernel_compile.py`` in a child process without ``TRITON_INTERPRET``
-(this process's kernels were built for the interpreter at import).
+(this process's kernels were built for the interpreter at import). Triton's Linux
+wheels carry the NVIDIA toolchain it needs (pyproject asks for triton >= 3.4, whose
+``knobs`` hook it uses), so it never skips: a machine that cannot compile fails.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from engine.kernels.cuda_compile import _load_bytes
+from engine.kernels.cuda_compile import MAX_SHARED_BYTES, _load_bytes
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "bench" / "kernel_compile.py"
@@ -45,8 +47,6 @@ def _run(args: list[str], interpret: bool) -> subprocess.CompletedProcess[str]:
 def sm90_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("cuda_compile") / "sm90.json"
     done = _run(["--arch", "90", "--quick", "--json", str(out)], interpret=False)
-    if done.returncode == 2 and "cannot compile for CUDA here" in done.stderr:
-        pytest.skip(done.stderr.strip())
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     reports: list[dict[str, Any]] = json.loads(out.read_text())
     return reports
@@ -56,7 +56,7 @@ def test_every_kernel_compiles_for_sm90_without_spills(sm90_reports: list[dict[s
     assert {r["name"] for r in sm90_reports} == ALL_KERNELS
     for r in sm90_reports:
         assert r["problems"] == [], (r["label"], r["name"], r["problems"])
-        assert r["local_memory_ops"] == 0 and r["shared_bytes"] <= 232_448
+        assert r["local_memory_ops"] == 0 and r["shared_bytes"] <= MAX_SHARED_BYTES[90]
 
 
 def test_attention_kernels_load_kv_in_16_byte_vectors(sm90_reports: list[dict[str, Any]]) -> None:
