@@ -75,9 +75,11 @@ def test_a_heartbeat_keeps_a_worker_announced_and_withdraws_it_on_stop(
         redis = Redis.from_url(redis_url)
         try:
             stop = asyncio.Event()
-            beat = Heartbeat(redis, "http://w3:8001", 0.3, prefix=redis_prefix, name="w3")
+            # Renewed every TTL / 3 = 0.5 s: only a 1.5 s stall of this loop would let the
+            # key lapse (at a 0.3 s TTL a loaded 2-core CI machine once stalled that long).
+            beat = Heartbeat(redis, "http://w3:8001", 1.5, prefix=redis_prefix, name="w3")
             task = asyncio.create_task(beat.run(stop))
-            await asyncio.sleep(0.7)  # more than two TTLs
+            await asyncio.sleep(3.2)  # more than two TTLs
             registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix), redis=redis)
             await registry.discover()
             assert [w.worker_id for w in registry.workers()] == ["w3"]
