@@ -6,7 +6,8 @@ Llama-3-8B: 32/8, head_dim 128), in bf16, fp16 and fp32, block sizes 8/16/32, an
 int8 caches (see engine.kernels.cuda_compile). Per build it prints registers, stack
 frame, local-memory instructions (spills), shared memory, the widest global load and
 the matrix instructions; ``--json`` writes the rows. Exit status 1 when a build spills
-or needs more shared memory than its target has: a GPU would run it slowly or not at all.
+inside a loop, spills more than a few values around its loops, or needs more shared
+memory than its target has: a GPU would run it slowly or not at all.
 
     python bench/kernel_compile.py [--arch 90 --arch 80] [--quick] [--json out.json]
 
@@ -25,6 +26,9 @@ from pathlib import Path
 
 QUICK_LABELS = ("smollm2 bfloat16", "smollm2 float32", "llama3-8b bfloat16", "llama3-8b float32")
 INT8_LABELS = ("smollm2 bfloat16", "llama3-8b bfloat16")
+# Local-memory ops tolerated outside loops: ptxas at its register cap may park a value
+# before the tile loop and reload it after (2 ops per program, nothing per tile).
+MAX_LOCAL_OPS_OUTSIDE_LOOPS = 4
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,7 +46,10 @@ def problems(report: object, arch: int) -> list[str]:
 
     assert isinstance(report, KernelReport)
     found = []
-    if report.local_memory_ops:
+    if report.loop_local_memory_ops:
+        found.append(f"{report.loop_local_memory_ops} local-memory ops inside loops "
+                     f"({report.stack_bytes} B stack)")  # fmt: skip
+    elif report.local_memory_ops > MAX_LOCAL_OPS_OUTSIDE_LOOPS:
         found.append(f"{report.local_memory_ops} local-memory ops ({report.stack_bytes} B stack)")
     limit = MAX_SHARED_BYTES.get(arch)
     if limit is not None and report.shared_bytes > limit:
@@ -66,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [s for s in shapes if s.label in QUICK_LABELS]
     rows, bad = [], 0
     print(f"{'target':7} {'launch':34} {'kernel':24} {'warps':>5} {'stages':>6} {'regs':>4} "
-          f"{'stack':>5} {'LDL/STL':>7} {'smem':>7} {'load B':>6} matrix")  # fmt: skip
+          f"{'stack':>5} {'LDL/STL':>7} {'in loop':>7} {'smem':>7} {'load B':>6} "
+          "matrix")  # fmt: skip
     start = time.perf_counter()
     for arch in args.arch or [90, 80]:
         for r in compile_reports(arch, shapes, INT8_LABELS):
@@ -75,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             matrix = ",".join(f"{k}x{v}" for k, v in sorted(r.matrix_ops.items())) or "-"
             flag = f"  <- {'; '.join(issues)}" if issues else ""
             print(f"sm_{arch:<4} {r.label:34} {r.name:24} {r.num_warps:5} {r.num_stages:6} "
-                  f"{r.registers:4} {r.stack_bytes:5} {r.local_memory_ops:7} {r.shared_bytes:7} "
+                  f"{r.registers:4} {r.stack_bytes:5} {r.local_memory_ops:7} "
+                  f"{r.loop_local_memory_ops:7} {r.shared_bytes:7} "
                   f"{r.widest_load_bytes:6} {matrix}{flag}")  # fmt: skip
             rows.append({"arch": arch, **asdict(r), "widest_load_bytes": r.widest_load_bytes,
                          "problems": issues})  # fmt: skip

@@ -46,6 +46,8 @@ KERNEL_MODULES = (
 )
 # An async global -> shared copy and its size operand (4, 8 or 16 bytes per thread).
 CP_ASYNC = r"cp\.async\.(c[ag])\.shared\.global\S*\s*\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)"
+# A local-memory load or store in SASS (spilled registers, or arrays kept in memory).
+LOCAL_OP = r"\b(?:LDL|STL)(?:\.\w+)*\s"
 # Largest shared memory one program may use (opt-in limit), by compute capability.
 MAX_SHARED_BYTES = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
 
@@ -75,6 +77,7 @@ class KernelReport:
     registers: int
     stack_bytes: int
     local_memory_ops: int  # LDL/STL in the SASS: spills or arrays the compiler put in memory
+    loop_local_memory_ops: int  # of those, the ones inside a loop body (these cost time)
     shared_bytes: int
     global_loads: dict[str, int] = field(default_factory=dict)  # ld.global and cp.async forms
     matrix_ops: dict[str, int] = field(default_factory=dict)  # HGMMA (wgmma) / HMMA in SASS
@@ -191,7 +194,7 @@ def build_report(build: KernelBuild, label: str) -> KernelReport:
     if match is None:
         raise RuntimeError(f"cuobjdump printed no resource usage for {build.name}: {usage!r}")
     sass = _cuobjdump(build.cubin, "-sass")
-    local_ops = len(re.findall(r"\b(?:LDL|STL)(?:\.\w+)*\s", sass))
+    local_ops = len(re.findall(LOCAL_OP, sass))
     matrix = Counter(re.findall(r"\b(HGMMA|HMMA)\.", sass))
     loads = Counter(re.findall(r"\bld\.global[\w.:]*", build.ptx))
     for kind, size in re.findall(CP_ASYNC, build.ptx):
@@ -200,8 +203,25 @@ def build_report(build: KernelBuild, label: str) -> KernelReport:
         name=build.name, label=label, constants=build.constants, num_warps=build.num_warps,
         num_stages=build.num_stages, registers=int(match.group(1)),
         stack_bytes=int(match.group(2)), local_memory_ops=local_ops,
+        loop_local_memory_ops=loop_local_ops(sass),
         shared_bytes=build.shared_bytes, global_loads=dict(loads), matrix_ops=dict(matrix),
     )  # fmt: skip
+
+
+def loop_local_ops(sass: str) -> int:
+    """LDL/STL instructions of ``sass`` that lie inside a loop: between a backward
+    branch and its target. A value spilled once before a loop and reloaded after it
+    costs two memory operations per program; one spilled inside costs them per tile."""
+    loops: list[tuple[int, int]] = []
+    local: list[int] = []
+    for address, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass):
+        at = int(address, 16)
+        branch = re.search(r"\bBRA(?:\.\w+)*\s+(?:`\()?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < at:
+            loops.append((int(branch.group(1), 16), at))
+        if re.search(LOCAL_OP, text + " "):
+            local.append(at)
+    return sum(any(lo <= at <= hi for lo, hi in loops) for at in local)
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:
