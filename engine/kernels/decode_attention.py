@@ -8,8 +8,11 @@ this step's token included) lives in cache blocks listed by its block table::
     k/v_cache    [num_blocks, BLOCK_SIZE, Hkv, D]
     token t of seq s -> block_tables[s, t // BLOCK_SIZE], offset t % BLOCK_SIZE
 
-Stage 1, grid (S, Hkv, num_splits): the context is cut into ``num_splits`` ranges of
-``tokens_per_split`` tokens; one program loads the GROUP query heads of one KV head
+Stage 1, grid (S, Hkv, num_splits): each sequence's own context is cut into
+``num_splits`` ranges of ``cdiv(seq_len, num_splits)`` tokens rounded up to BLOCK_N, so
+a short sequence beside a long one is split as finely as its length allows and
+nothing on the host depends on the lengths (a CUDA graph replays the launch for any
+lengths; see :mod:`engine.decode_graphs`). One program loads the GROUP query heads of one KV head
 together (padded to BLOCK_H rows, so K/V tiles are read once per group) and runs an
 online softmax over its range in BLOCK_N-token tiles, writing the normalised partial
 output and its log-sum-exp (base 2)::
@@ -100,7 +103,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     part_out_ptr,
     part_lse_ptr,
     qk_scale,
-    tokens_per_split,
+    num_splits,
     stride_qs,
     stride_qh,
     stride_cb,
@@ -125,6 +128,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # triton-typed
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
 
@@ -251,7 +255,6 @@ def _launch_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    max_seq_len: int,
     num_splits: int,
     block_n: int,
     kv_scales: KVScales | None,
@@ -262,7 +265,6 @@ def _launch_decode(
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group_size = num_heads // num_kv_heads
-    tokens_per_split = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
     part_out = torch.empty(
         (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
     )
@@ -270,7 +272,7 @@ def _launch_decode(
     out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, part_out, part_lse,
-        scale * LOG2_E, tokens_per_split,
+        scale * LOG2_E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -312,9 +314,10 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence over its paged context: returns [S, H, D].
 
-    ``max_seq_len`` (a Python int >= every ``seq_lens``) sizes the split-K plan without a
-    device sync; ``num_splits`` overrides the heuristic of :func:`choose_num_splits`.
-    With ``kv_scales`` the caches are int8 (see :mod:`engine.kernels.kv_write_int8`).
+    ``max_seq_len`` (a Python int >= every ``seq_lens``; an upper bound such as the
+    model's context length is fine) picks the split count without a device sync;
+    ``num_splits`` overrides the heuristic of :func:`choose_num_splits`. With
+    ``kv_scales`` the caches are int8 (see :mod:`engine.kernels.kv_write_int8`).
     ``launch`` sets the split kernel's warps and pipeline stages.
     """
     if num_splits is None:
@@ -324,6 +327,6 @@ def paged_decode_attention(
     if q.shape[0] == 0:
         return torch.empty_like(q)
     return _launch_decode(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len, num_splits, block_n,
-        kv_scales, launch,
+        q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, block_n, kv_scales,
+        launch,
     )  # fmt: skip

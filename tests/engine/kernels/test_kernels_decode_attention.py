@@ -68,6 +68,21 @@ def test_split_count_does_not_change_the_result(device: str) -> None:
     torch.testing.assert_close(outs[2], outs[0], atol=1e-5, rtol=1e-5)
 
 
+def test_each_sequence_splits_its_own_context(device: str) -> None:
+    """An upper bound for max_seq_len (what a CUDA graph captures with) and more splits
+    than a short sequence can fill: every sequence still gets its exact attention."""
+    batch = build_paged_batch([1, 1, 1], [61, 1, 30], 4, 2, 64, 8, F32, device, seed=5)
+    ref = reference_paged_decode(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.1
+    )
+    for splits in (None, 3, 8):
+        out = paged_decode_attention(
+            batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.1,
+            max_seq_len=4096, num_splits=splits, block_n=16,
+        )  # fmt: skip
+        torch.testing.assert_close(out, ref, **TOLERANCES[F32])
+
+
 def test_num_splits_heuristic_bounds() -> None:
     assert choose_num_splits(64, 8, 512, 64) == 1  # enough programs already
     assert choose_num_splits(1, 8, 32768, 64) == 33  # fills the GPU, long ranges
