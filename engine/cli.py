@@ -42,10 +42,13 @@ def engine_config(
     max_n: int = 8,
     attention_backend: str = "auto",
     device: str = "cpu",
+    cuda_graphs: bool = False,
 ) -> EngineConfig:
     """The engine's config from CLI values; ``ValueError`` names a bad one."""
     if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
         raise ValueError(f"model not found: {model}")
+    if cuda_graphs and not device.startswith("cuda"):
+        raise ValueError(f"--cuda-graphs needs a CUDA device (--device cuda), not {device!r}")
     extra: dict[str, object] = {}
     if dtype is not None:
         extra["dtype"] = dtype
@@ -63,6 +66,7 @@ def engine_config(
         max_n=max_n,
         attention_backend=attention_backend,
         device=device,
+        cuda_graphs=cuda_graphs,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -165,6 +169,17 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: Annotated[int, typer.Option(help="Most sequences per step")] = 64,
         max_batched_tokens: Annotated[int, typer.Option(help="Token budget per step")] = 512,
         max_n: Annotated[int, typer.Option(help="Largest n (choices) per request")] = 8,
+        device: Annotated[
+            str | None, typer.Option(help="cpu, cuda or cuda:N (default: KVTOLL_DEVICE or cpu)")
+        ] = None,
+        cuda_graphs: Annotated[
+            bool | None,
+            typer.Option(
+                "--cuda-graphs/--no-cuda-graphs",
+                help="Replay decode steps as CUDA graphs (Triton backend; "
+                "default: KVTOLL_CUDA_GRAPHS or off)",
+            ),
+        ] = None,
         served_model_name: Annotated[
             list[str] | None, typer.Option(help="Model name(s) to answer to (repeatable)")
         ] = None,
@@ -202,6 +217,8 @@ def register(app: typer.Typer) -> None:
                 max_batched_tokens=max_batched_tokens,
                 max_n=max_n,
                 attention_backend=settings.attention_backend,
+                device=device or settings.device,
+                cuda_graphs=settings.cuda_graphs if cuda_graphs is None else cuda_graphs,
             )
             if max_body_mb <= 0:
                 raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from engine.dtype_choice import resolve_dtype
 
 TINY_MODEL = "kvtoll-tiny"
@@ -22,6 +24,9 @@ class EngineConfig:
     KV cache size: ``num_kv_blocks`` if set, else as many blocks as fit in
     ``kv_cache_bytes``. ``max_model_len`` defaults to the model's context length.
     ``max_num_batched_tokens`` is the per-step token budget (chunked prefill).
+    ``device`` is ``cpu``, ``cuda`` or ``cuda:N``. ``cuda_graphs`` runs decode steps as
+    captured CUDA graphs (:mod:`engine.decode_graphs`; Triton backend only; off CUDA
+    the same static-buffer path runs eagerly, which tests use).
     """
 
     model: str | None = None
@@ -39,8 +44,10 @@ class EngineConfig:
     served_model_name: str | None = None
     seed: int = 0  # tiny model weight init
     num_threads: int | None = None  # torch intra-op threads; None = torch default
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "device", check_device(self.device))
         # Resolved once, here: everything downstream sees a concrete dtype.
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         for name in (
@@ -71,3 +78,21 @@ class EngineConfig:
         }
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]
+
+
+def check_device(device: str) -> str:
+    """``device`` as ``cpu``, ``cuda`` or ``cuda:N``; ``ValueError`` unless it is the CPU
+    or a CUDA GPU this process can see."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {device!r}: no CUDA GPU is visible to this process")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device {device!r}: only {count} CUDA GPU(s) visible")
+    return "cpu" if dev.type == "cpu" else str(dev)

@@ -25,6 +25,7 @@ from engine.api import Tokenizer
 from engine.attention.base import AttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import TINY_MODEL, EngineConfig
+from engine.decode_graphs import graph_batch_sizes
 from engine.host_memory import keep_tensor_memory
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
@@ -172,14 +173,23 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.max_model_len or lm.config.max_position_embeddings, lm.config.max_position_embeddings
     )
     n_blocks = num_kv_blocks(config, lm.config)
+    backend = make_backend(config.attention_backend, config.device)
+    graph_sizes: tuple[int, ...] = ()
+    if config.cuda_graphs:
+        if backend.name != "triton":
+            raise ValueError(
+                f"cuda_graphs needs the triton attention backend, not {backend.name}"
+            )
+        graph_sizes = graph_batch_sizes(config.max_num_seqs)
     runner = ModelRunner(
         lm.model,
-        make_backend(config.attention_backend, config.device),
+        backend,
         n_blocks,
         config.block_size,
         max_len,
         _DTYPES[config.dtype],
         config.device,
+        graph_sizes,
     )
     kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)

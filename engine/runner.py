@@ -8,11 +8,14 @@ block pool or the scheduler. Slot of position ``p`` of a sequence::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.decode_graphs import DecodeBatch, DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.rope import RotaryEmbedding
 
@@ -39,7 +42,10 @@ class ModelRunner:
         max_model_len: int,
         dtype: torch.dtype,
         device: str,
+        graph_sizes: Sequence[int] = (),
     ) -> None:
+        """``graph_sizes``: batch sizes whose decode steps run as captured CUDA graphs
+        (:mod:`engine.decode_graphs`; captured here, before any request); empty: eager."""
         cfg = model.config
         self.model = model
         self.backend = backend
@@ -55,6 +61,22 @@ class ModelRunner:
         ]
         self.rope = RotaryEmbedding(cfg, max_model_len, dtype, device)
         backend.prepare(cfg.num_attention_heads, self.kv_caches[0][0])
+        self.graphs: DecodeGraphs | None = None
+        if graph_sizes:
+            max_blocks = -(-max_model_len // block_size)
+            self.graphs = DecodeGraphs(
+                self._logits_of_all_rows, graph_sizes, max_blocks, max_model_len,
+                cfg.vocab_size, device,
+            )  # fmt: skip
+            with torch.inference_mode(), self._on_device():
+                self.graphs.capture()
+
+    def _on_device(self) -> AbstractContextManager[object]:
+        """The engine's GPU as the current device: Triton launches and graph replays go
+        to the current device, and the step thread starts on GPU 0."""
+        if self.device.startswith("cuda"):
+            return torch.cuda.device(self.device)
+        return nullcontext()
 
     @staticmethod
     def bytes_per_block(
@@ -109,6 +131,37 @@ class ModelRunner:
         the device (sampling runs there; only the picked token ids travel)."""
         if not batch:
             raise ValueError("empty batch")
+        with self._on_device():
+            return self._execute(batch)
+
+    def _execute(self, batch: list[RunnerSeq]) -> torch.Tensor:
+        if self.graphs is not None:
+            decode = self._graph_decode(self.graphs, batch)
+            if decode is not None:
+                return self.graphs.run(decode)
         input_ids, positions, meta, rows = self.build(batch)
         hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend)
         return self.model.compute_logits(hidden.index_select(0, rows))
+
+    def _logits_of_all_rows(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The forward a decode graph captures: logits of every row."""
+        hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend)
+        return self.model.compute_logits(hidden)
+
+    def _graph_decode(self, graphs: DecodeGraphs, batch: list[RunnerSeq]) -> DecodeBatch | None:
+        """``batch`` as a decode step for ``graphs``, or None if it must run eagerly (a
+        sequence with more than one new token or without logits, too many sequences or
+        blocks)."""
+        if not graphs.fits(len(batch), max(len(s.block_ids) for s in batch)):
+            return None
+        if not all(len(s.token_ids) == 1 and s.needs_logits for s in batch):
+            return None
+        bs = self.block_size
+        return DecodeBatch(
+            token_ids=[s.token_ids[0] for s in batch],
+            positions=[s.start for s in batch],
+            slots=[s.block_ids[s.start // bs] * bs + s.start % bs for s in batch],
+            block_tables=[s.block_ids for s in batch],
+        )

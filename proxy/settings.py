@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     model_path: str | None = Field(default=None, description="GGUF file or HF directory")
     dtype: str | None = None
     attention_backend: str = "auto"
+    device: str = "cpu"  # the in-process engine's and `kvtoll worker`'s: cpu, cuda, cuda:N
+    cuda_graphs: bool = False  # decode steps as CUDA graphs (engine.decode_graphs)
     log_level: str = "info"
 
     @model_validator(mode="after")

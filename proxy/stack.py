@@ -148,7 +148,8 @@ def _local_parts(settings: Settings) -> _Parts:
 
     try:
         config = engine_config(settings.model_path, settings.dtype,
-                               attention_backend=settings.attention_backend)
+                               attention_backend=settings.attention_backend,
+                               device=settings.device, cuda_graphs=settings.cuda_graphs)
         engine = build_engine(config)
     except (OSError, ValueError) as exc:
         raise StackError(f"cannot load the model: {exc}") from exc

@@ -75,3 +75,26 @@ def test_triton_engine_is_token_identical_to_torch_engine(
     assert triton_tokens == torch_tokens
     assert triton_cached == torch_cached and triton_cached["d"] >= 32
     assert calls["paged_decode_attention"] > 0 and calls["extend_attention"] > 0
+
+
+def test_decode_graphs_are_token_identical_to_torch_engine(device: str) -> None:
+    """cuda_graphs: decode steps replay captured graphs on CUDA (on CPU the same static,
+    padded buffers run eagerly); prefill and mixed steps stay eager. Same tokens."""
+    config = EngineConfig.tiny(attention_backend="torch", device=device)
+    loaded = load_model(config)
+    torch_tokens, _ = _run(build_llm_engine(config, loaded))
+    graph_config = EngineConfig.tiny(attention_backend="triton", device=device, cuda_graphs=True)
+    engine = build_llm_engine(graph_config, loaded)
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.sizes == (1, 2, 4, 8, 16)
+    graph_tokens, graph_cached = _run(engine)
+    assert graph_tokens == torch_tokens
+    assert graph_cached["d"] >= 32
+    # Every round decodes GREEDY.max_tokens - 1 times after its prefill (3 and 2 rows).
+    assert graphs.num_replays >= 2 * (GREEDY.max_tokens - 2)
+
+
+def test_decode_graphs_need_the_triton_backend(device: str) -> None:
+    config = EngineConfig.tiny(attention_backend="torch", device=device, cuda_graphs=True)
+    with pytest.raises(ValueError, match="triton attention backend"):
+        build_llm_engine(config)

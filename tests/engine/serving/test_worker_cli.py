@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
@@ -54,6 +55,8 @@ def busy_port() -> Iterator[int]:
         (["--model", "kvtoll-tiny", "--kv-cache-mb", "0"], "--kv-cache-mb"),
         (["--model", "kvtoll-tiny", "--max-body-mb", "0"], "--max-body-mb"),
         (["--model", "kvtoll-tiny", "--host", "no-such-host.invalid"], "--host"),
+        (["--model", "kvtoll-tiny", "--device", "tpu"], "use cpu, cuda or cuda:N"),
+        (["--model", "kvtoll-tiny", "--cuda-graphs"], "--cuda-graphs needs a CUDA device"),
     ],
 )
 def test_bad_flags_fail_with_one_line_and_exit_2(args: list[str], needle: str) -> None:
@@ -61,6 +64,13 @@ def test_bad_flags_fail_with_one_line_and_exit_2(args: list[str], needle: str) -
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_device_without_a_gpu_fails_with_one_line() -> None:
+    result = CliRunner().invoke(_app(), ["worker", "--model", "kvtoll-tiny", "--device", "cuda"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == "error: device 'cuda': no CUDA GPU is visible to this process"
 
 
 def test_port_in_use_fails_before_loading(busy_port: int) -> None:

@@ -85,3 +85,18 @@ def test_bench_group_lists_contributed_commands() -> None:
     result = CliRunner().invoke(build_app(), ["bench", "--help"])
     assert result.exit_code == 0
     assert "routing" in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("KVTOLL_DEVICE", "tpu", "device 'tpu': use cpu, cuda or cuda:N"),
+        ("KVTOLL_CUDA_GRAPHS", "1", "--cuda-graphs needs a CUDA device"),
+    ],
+)
+def test_bad_engine_device_settings(
+    env: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    code, output = _serve()
+    assert code == 2 and message in output
