@@ -79,16 +79,19 @@ def engine_model(plan: EnginePlan, config: EngineConfig) -> LoadedModel | None:
     return random_model(RANDOM_SMOLLM2, SMOLLM2_135M, tokenizer, config.dtype, config.device)
 
 
-def bench_engine(backend: str, plan: EnginePlan) -> dict[str, Any]:
-    """Output tokens per second of the synchronous engine with ``backend``."""
+def bench_engine(backend: str, plan: EnginePlan, cuda_graphs: bool = False) -> dict[str, Any]:
+    """Output tokens per second of the synchronous engine with ``backend``, its decode
+    steps eager or replayed as CUDA graphs (engine.decode_graphs)."""
     config = EngineConfig(
         model=TINY_MODEL if plan.smoke else plan.model,
         dtype="float32" if plan.smoke else "bfloat16",
         device=plan.device, block_size=plan.block_size, kv_cache_bytes=plan.kv_cache_gib << 30,
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
-        max_model_len=2 * plan.max_len, attention_backend=backend,
+        max_model_len=2 * plan.max_len, attention_backend=backend, cuda_graphs=cuda_graphs,
     )  # fmt: skip
+    start = time.perf_counter()
     llm = build_llm_engine(config, engine_model(plan, config))
+    build_s = time.perf_counter() - start
     requests = nano_vllm_requests(plan, llm.limits.vocab_size)
     llm.generate_sync([GenerationRequest("warmup", (5, 6, 7), SamplingParams(max_tokens=4))])
     start = time.perf_counter()
@@ -98,6 +101,9 @@ def bench_engine(backend: str, plan: EnginePlan) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     out_tokens = sum(r.sampling.max_tokens for r in requests)
     rate = round(out_tokens / seconds, 1)
-    return {"backend": backend, "model": llm.model_name, "requests": len(requests),
-            "output_tokens": out_tokens, "seconds": round(seconds, 2),
+    graphs = llm.runner.graphs
+    return {"backend": backend + ("+graphs" if cuda_graphs else ""), "model": llm.model_name,
+            "requests": len(requests), "output_tokens": out_tokens, "steps": llm.num_steps,
+            "graph_replays": graphs.num_replays if graphs else 0,
+            "build_s": round(build_s, 2), "seconds": round(seconds, 2),
             "tokens_per_s": rate}  # fmt: skip

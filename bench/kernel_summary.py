@@ -53,11 +53,13 @@ def engine_table(result: dict[str, Any]) -> list[str]:
     lines = ["engine, nano-vllm recipe (output tokens/s):"]
     for r in result.get("engine", []):
         if "error" in r:
-            lines.append(f"  {r['backend']:>7}: error {r['error']}")
+            lines.append(f"  {r['backend']:>13}: error {r['error']}")
         else:
-            lines.append(f"  {r['backend']:>7}: {r['tokens_per_s']} tok/s "
+            lines.append(f"  {r['backend']:>13}: {r['tokens_per_s']} tok/s "
                          f"({r['output_tokens']} tokens, {r['requests']} requests, "
-                         f"{r['seconds']} s, {r['model']})")  # fmt: skip
+                         f"{r.get('steps', '?')} steps, {r.get('graph_replays', 0)} replayed, "
+                         f"{r['seconds']} s + {r.get('build_s', '?')} s build, "
+                         f"{r['model']})")  # fmt: skip
     return lines
 
 

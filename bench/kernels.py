@@ -6,7 +6,8 @@
   where importable;
 * prefill over a cached prefix: TFLOP/s (4 * H * D * attended pairs) vs SDPA/FlashInfer;
 * the engine end to end with the nano-vllm recipe (256 requests, 100-1024 input and
-  output tokens, ignore_eos): output tokens/s with the Triton and the torch backend.
+  output tokens, ignore_eos): output tokens/s with the Triton backend, eager and with
+  decode steps as CUDA graphs, and with the torch backend.
 
 Model shape: Llama-3-8B attention (32 query heads, 8 KV heads, head_dim 128), bf16.
 Without CUDA it prints a JSON note and exits 0; ``--smoke`` instead runs tiny shapes on
@@ -44,6 +45,8 @@ from kernel_engine import RANDOM_SMOLLM2
 
 DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXTS = (512, 4096, 32768)
+# Engine runs: Triton eager, Triton with decode steps as CUDA graphs, the torch backend.
+ENGINE_VARIANTS = (("triton", False), ("triton", True), ("torch", False))
 PREFILL_CASES = ((1, 0, 8192), (8, 0, 1024), (8, 4096, 512), (4, 16384, 1024))  # S, prefix, new
 PEAK_GBPS = {"H200": 4800, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350,
              "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864}  # fmt: skip
@@ -261,7 +264,7 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     """Tiny everything; the interpreter must be on before engine.kernels is imported."""
     os.environ["TRITON_INTERPRET"] = "1"
     args.engine_requests, args.min_len, args.max_len = 3, 4, 12
-    args.kv_cache_gib, args.max_num_batched_tokens = 1, 64
+    args.kv_cache_gib, args.max_num_batched_tokens, args.max_num_seqs = 1, 64, 4
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
     plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5],
             "sweep_decode": [(2, 40)], "decode_variants": [(16, 4, 2), (32, 2, 3)],
@@ -321,13 +324,14 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         from kernel_engine import bench_engine
 
         result["engine"] = []
-        for backend in ("triton", "torch"):
-            log(f"engine backend={backend}")
+        for backend, graphs in ENGINE_VARIANTS:
+            log(f"engine backend={backend} cuda_graphs={graphs}")
             try:
-                result["engine"].append(bench_engine(backend, engine_plan(args, cfg)))
+                result["engine"].append(bench_engine(backend, engine_plan(args, cfg), graphs))
             except Exception as exc:  # report it, keep the kernel figures
                 error = f"{type(exc).__name__}: {exc}"[:300]
-                result["engine"].append({"backend": backend, "error": error})
+                label = backend + ("+graphs" if graphs else "")
+                result["engine"].append({"backend": label, "error": error})
             save(result)
     if args.sweep:
         from kernel_sweep import run_sweep

@@ -30,8 +30,10 @@ def test_smoke_run_writes_every_section_and_summarises(tmp_path: Path) -> None:
     decode = result["decode"][0]
     assert decode["triton"]["ms"] > 0 and decode["max_abs_err_vs_sdpa"] < 1e-4
     assert result["prefill"][0]["max_abs_err_vs_sdpa"] < 1e-4
-    assert [e["backend"] for e in result["engine"]] == ["triton", "torch"]
-    assert all(e["tokens_per_s"] > 0 for e in result["engine"])
+    engine = result["engine"]
+    assert [e["backend"] for e in engine] == ["triton", "triton+graphs", "torch"]
+    assert all(e["tokens_per_s"] > 0 for e in engine)
+    assert engine[1]["graph_replays"] > 0 and engine[0]["graph_replays"] == 0
     for sweep in (*result["sweep"]["decode"], *result["sweep"]["extend"]):
         assert all("ms" in v and v["max_abs_err_vs_default"] < 1e-4 for v in sweep["variants"])
         assert sweep["best"] is not None
