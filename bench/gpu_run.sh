@@ -3,9 +3,10 @@
 # that machine's own python3, torch and triton: nothing is installed there.
 #   1. the machine: nvidia-smi, torch / triton versions          -> $OUT/machine.txt
 #   2. the Triton kernel tests and the engine's Triton == torch
-#      token check, on CUDA                                      -> $OUT/tests.txt
+#      token checks (eager, and decode steps as CUDA graphs)     -> $OUT/tests.txt
 #   3. bench/kernels.py --sweep (decode GB/s, prefill TFLOP/s,
-#      engine tok/s, launch variants), rewritten per section     -> $OUT/kernels.json
+#      engine tok/s eager / graphs / torch, launch variants),
+#      rewritten per section                                     -> $OUT/kernels.json
 # The summary tables print last. Budgets (seconds): TESTS_S=150, BENCH_S=390.
 #   device run: bash bench/gpu_run.sh   (timeout_s=600)
 set -uo pipefail
@@ -30,6 +31,7 @@ tests=(
   tests/engine/kernels/test_kernels_rope_kv_write.py
   tests/engine/kernels/test_triton_attention_backend.py
   tests/engine/kernels/test_triton_engine_e2e.py
+  tests/engine/test_engine_config.py
 )
 # --confcutdir: the top conftest's database fixtures import SQLAlchemy, absent there.
 timeout "${TESTS_S:-150}" "$py" -m pytest -q -p no:cacheprovider --confcutdir=tests/engine \

@@ -47,6 +47,9 @@ def engine_config(
     """The engine's config from CLI values; ``ValueError`` names a bad one."""
     if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
         raise ValueError(f"model not found: {model}")
+    if cuda_graphs and attention_backend not in ("auto", "triton"):
+        raise ValueError(f"--cuda-graphs needs the triton attention backend, not "
+                         f"{attention_backend!r} (KVTOLL_ATTENTION_BACKEND)")  # fmt: skip
     if cuda_graphs and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graphs needs a CUDA device (--device cuda), not {device!r}")
     extra: dict[str, object] = {}

@@ -16,7 +16,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from engine.cli import register
+from engine.cli import engine_config, register
 
 
 def _app() -> typer.Typer:
@@ -66,6 +66,13 @@ def test_bad_flags_fail_with_one_line_and_exit_2(args: list[str], needle: str) -
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
 
 
+def test_cuda_graphs_need_the_triton_backend() -> None:
+    with pytest.raises(ValueError, match="--cuda-graphs needs the triton attention backend"):
+        engine_config(
+            "kvtoll-tiny", None, attention_backend="torch", device="cuda", cuda_graphs=True
+        )
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_cuda_device_without_a_gpu_fails_with_one_line() -> None:
     result = CliRunner().invoke(_app(), ["worker", "--model", "kvtoll-tiny", "--device", "cuda"])
@@ -83,7 +90,7 @@ def test_port_in_use_fails_before_loading(busy_port: int) -> None:
 
 SCRIPT = """
 import typer, sys
-from engine.cli import register
+from engine.cli import engine_config, register
 app = typer.Typer()
 register(app)
 @app.command("noop")
