@@ -26,10 +26,10 @@ def test_equal_lengths_make_one_group_and_empty_makes_none() -> None:
     assert group_by_length([], [], group_cost=1) == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
-    st.lists(st.integers(1, 40), min_size=1, max_size=7),
-    st.integers(0, 100),
+    st.lists(st.integers(1, 30), min_size=1, max_size=8),  # repeats: runs of one length
+    st.integers(0, 60),
 )
 def test_partition_is_complete_and_no_contiguous_split_is_cheaper(
     nbs: list[int], group_cost: int
