@@ -10,6 +10,7 @@ incomplete UTF-8 sequence) and any suffix that is a prefix of a stop string.
 from __future__ import annotations
 
 from engine.api import FinishReason, GenerationChunk, Tokenizer
+from engine.detokenize import output_text
 from engine.sequence import Sequence
 
 
@@ -41,7 +42,7 @@ class OutputProcessor:
         if last in p.stop_token_ids or (not p.ignore_eos and last in self.tokenizer.eos_token_ids):
             seq.finish_reason = FinishReason.STOP
             text_ids = text_ids[:-1]
-        text = self.tokenizer.decode(text_ids)
+        text = output_text(self.tokenizer, seq.detok.window, text_ids)
         if p.stop:
             text = self._cut_stop(seq, text)
         if seq.finish_reason is None and (
@@ -63,7 +64,7 @@ class OutputProcessor:
     def chunk(self, seq: Sequence, text: str, prompt_tokens: int) -> GenerationChunk | None:
         """The delta since the last chunk of this choice (None if empty and unfinished)."""
         d = seq.detok
-        new_ids = tuple(seq.output_token_ids[d.sent_num_tokens :])
+        new_ids = tuple(seq.token_ids[seq.num_prompt_tokens + d.sent_num_tokens :])
         new_text = text[len(d.sent_text) :] if len(text) > len(d.sent_text) else ""
         if not new_ids and not new_text and seq.finish_reason is None:
             return None

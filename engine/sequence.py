@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.api import FinishReason, SamplingParams, TokenLogprob
+from engine.detokenize import DetokWindow
 from engine.kv.hashing import BlockHash, TenantSalt
 
 
@@ -25,8 +26,9 @@ class SeqStatus(enum.Enum):
 
 @dataclass
 class DetokState:
-    """Incremental detokenization: text already sent and text held back."""
+    """Incremental detokenization: what was decoded, and what was already sent."""
 
+    window: DetokWindow = field(default_factory=DetokWindow)
     sent_text: str = ""
     sent_num_tokens: int = 0
     logprobs_sent: int = 0
