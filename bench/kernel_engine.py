@@ -94,6 +94,8 @@ def bench_engine(backend: str, plan: EnginePlan, cuda_graphs: bool = False) -> d
     build_s = time.perf_counter() - start
     requests = nano_vllm_requests(plan, llm.limits.vocab_size)
     llm.generate_sync([GenerationRequest("warmup", (5, 6, 7), SamplingParams(max_tokens=4))])
+    graphs = llm.runner.graphs
+    steps, replays = llm.num_steps, graphs.num_replays if graphs else 0
     start = time.perf_counter()
     llm.generate_sync(requests)
     if plan.device == "cuda":
@@ -101,9 +103,9 @@ def bench_engine(backend: str, plan: EnginePlan, cuda_graphs: bool = False) -> d
     seconds = time.perf_counter() - start
     out_tokens = sum(r.sampling.max_tokens for r in requests)
     rate = round(out_tokens / seconds, 1)
-    graphs = llm.runner.graphs
     return {"backend": backend + ("+graphs" if cuda_graphs else ""), "model": llm.model_name,
-            "requests": len(requests), "output_tokens": out_tokens, "steps": llm.num_steps,
-            "graph_replays": graphs.num_replays if graphs else 0,
+            "requests": len(requests), "output_tokens": out_tokens,
+            "steps": llm.num_steps - steps,
+            "graph_replays": graphs.num_replays - replays if graphs else 0,
             "build_s": round(build_s, 2), "seconds": round(seconds, 2),
             "tokens_per_s": rate}  # fmt: skip
