@@ -35,8 +35,8 @@ from engine.attention.base import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-# Batch sizes captured: 1, 2, 4, 8, then every 16 up to max_num_seqs (vLLM and
-# nano-vllm use the same ladder): a batch pads at most 15 rows.
+# Batch sizes captured: 1, 2, 4, 8, then every 16 up to max_num_seqs (nano-vllm's
+# ladder; vLLM steps by 8): a batch pads at most 15 rows.
 SMALL_SIZES = (1, 2, 4, 8)
 SIZE_STEP = 16
 

@@ -34,7 +34,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     max_query_len: int
     max_seq_len: int
-    # Python-side copies, so backends need no device sync to loop or plan.
+    # Python-side copies, so backends need no device sync to loop or plan. In a step
+    # replayed as a CUDA graph (engine.decode_graphs) max_seq_len and seq_lens_cpu are
+    # upper bounds (the model's context length): only the Triton backend runs there.
     query_lens_cpu: tuple[int, ...]
     seq_lens_cpu: tuple[int, ...]
 
