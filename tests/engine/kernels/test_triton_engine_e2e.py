@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
@@ -98,3 +101,48 @@ def test_decode_graphs_need_the_triton_backend(device: str) -> None:
     config = EngineConfig.tiny(attention_backend="torch", device=device, cuda_graphs=True)
     with pytest.raises(ValueError, match="triton attention backend"):
         build_llm_engine(config)
+
+
+class HostReads(TorchDispatchMode):
+    """Records the aten ops that make the host wait for a tensor's values: inside a CUDA
+    graph capture each one is an error (or a stale value baked into the graph)."""
+
+    NAMES = ("item", "_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal",
+             "_unique2", "unique_consecutive", "unique_dim")  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.__name__.split(".")[0] in self.NAMES:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_captured_decode_forward_never_reads_values_on_the_host(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a decode graph records (model, KV write, split-K decode, logits) issues no op
+    that reads a tensor's values on the host, so capture cannot fail on one and no
+    step's lengths are frozen into the graph. On CPU the Triton kernels run in the
+    interpreter, whose argument copies are plain tensor ops. ``tolist`` bypasses the
+    dispatcher, so it is watched directly."""
+    config = EngineConfig.tiny(attention_backend="triton", device=device, cuda_graphs=True,
+                               max_num_seqs=4)  # fmt: skip
+    graphs = build_llm_engine(config).runner.graphs
+    assert graphs is not None
+    spy = HostReads()
+    tolist = torch.Tensor.tolist
+
+    def watched_tolist(self: torch.Tensor) -> Any:
+        spy.seen.append("Tensor.tolist")
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", watched_tolist)
+    with torch.inference_mode(), spy:
+        graphs._call(4)
+    assert spy.seen == []
+    with spy:  # the check itself sees such a read
+        torch.tensor([1, 2]).sum().item()
+    assert spy.seen == ["aten._local_scalar_dense.default"]
