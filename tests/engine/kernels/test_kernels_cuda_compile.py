@@ -1,7 +1,7 @@
-"""The Triton kernels compile for a Hopper GPU (sm_90) without one, and the builds are
-sound: no register spills inside loops (at most a value parked around one), shared
-memory within the chip's limit, K/V tiles loaded in 16-byte vectors, bf16 extend on the
-wgmma tensor-core path.
+"""The Triton kernels compile for Hopper (sm_90) and Ampere (sm_80) GPUs without one,
+and the builds are sound: no register spills inside loops (at most a value parked
+around one), shared memory within the chip's limit, K/V tiles loaded in 16-byte
+vectors, bf16 extend on tensor cores (wgmma on Hopper).
 
 The interpreter that the other kernel tests use accepts code a GPU build rejects, so
 this runs ``bench/kernel_compile.py`` in a child process without ``TRITON_INTERPRET``
@@ -44,34 +44,50 @@ def _run(args: list[str], interpret: bool) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
+ARCHES = (90, 80)  # Hopper (H100/H200) and Ampere (A100)
+
+
 @pytest.fixture(scope="module")
-def sm90_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("cuda_compile") / "sm90.json"
-    done = _run(["--arch", "90", "--quick", "--json", str(out)], interpret=False)
+def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("cuda_compile") / "builds.json"
+    arches = [a for arch in ARCHES for a in ("--arch", str(arch))]
+    done = _run([*arches, "--quick", "--json", str(out)], interpret=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    reports: list[dict[str, Any]] = json.loads(out.read_text())
-    return reports
+    builds: list[dict[str, Any]] = json.loads(out.read_text())
+    return builds
 
 
-def test_every_kernel_compiles_for_sm90_without_spills(sm90_reports: list[dict[str, Any]]) -> None:
-    assert {r["name"] for r in sm90_reports} == ALL_KERNELS
-    for r in sm90_reports:
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_kernel_compiles_without_spills_in_loops(
+    reports: list[dict[str, Any]], arch: int
+) -> None:
+    builds = [r for r in reports if r["arch"] == arch]
+    assert {r["name"] for r in builds} == ALL_KERNELS
+    for r in builds:
         assert r["problems"] == [], (r["label"], r["name"], r["problems"])
         assert r["loop_local_memory_ops"] == 0 and r["local_memory_ops"] <= 4
-        assert r["shared_bytes"] <= MAX_SHARED_BYTES[90]
+        assert r["shared_bytes"] <= MAX_SHARED_BYTES[arch]
 
 
-def test_attention_kernels_load_kv_in_16_byte_vectors(sm90_reports: list[dict[str, Any]]) -> None:
-    attention = [r for r in sm90_reports if r["name"] in ("_decode_split_kernel", "_extend_kernel")]
+@pytest.mark.parametrize("arch", ARCHES)
+def test_attention_kernels_load_kv_in_16_byte_vectors(
+    reports: list[dict[str, Any]], arch: int
+) -> None:
+    attention = [r for r in reports if r["arch"] == arch
+                 and r["name"] in ("_decode_split_kernel", "_extend_kernel")]  # fmt: skip
     assert len(attention) == 2 * 6  # 4 float shapes + 2 int8 caches, each kernel
     for r in attention:
         assert r["widest_load_bytes"] == 16, (r["label"], r["name"], r["global_loads"])
 
 
-def test_bf16_extend_runs_on_hopper_tensor_cores(sm90_reports: list[dict[str, Any]]) -> None:
-    for r in sm90_reports:
-        if r["name"] == "_extend_kernel" and "bfloat16" in r["label"]:
-            assert r["matrix_ops"].get("HGMMA", 0) > 0, (r["label"], r["matrix_ops"])
+@pytest.mark.parametrize(("arch", "instruction"), [(90, "HGMMA"), (80, "HMMA")])
+def test_bf16_extend_runs_on_tensor_cores(
+    reports: list[dict[str, Any]], arch: int, instruction: str
+) -> None:
+    """wgmma (HGMMA) on Hopper, mma.sync (HMMA) on Ampere."""
+    for r in reports:
+        if r["arch"] == arch and r["name"] == "_extend_kernel" and "bfloat16" in r["label"]:
+            assert r["matrix_ops"].get(instruction, 0) > 0, (r["label"], r["matrix_ops"])
 
 
 SASS = """
