@@ -202,8 +202,13 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         n_blocks,
     )
     log.info(
-        "engine ready: %s, %d KV blocks of %d tokens, max_model_len %d",
+        "engine ready: %s on %s (%s, %s attention%s), %d KV blocks of %d tokens, "
+        "max_model_len %d",
         lm.name,
+        config.device,
+        config.dtype,
+        backend.name,
+        f", decode CUDA graphs for batch sizes up to {graph_sizes[-1]}" if graph_sizes else "",
         n_blocks,
         config.block_size,
         max_len,
