@@ -90,7 +90,7 @@ def test_port_in_use_fails_before_loading(busy_port: int) -> None:
 
 SCRIPT = """
 import typer, sys
-from engine.cli import engine_config, register
+from engine.cli import register
 app = typer.Typer()
 register(app)
 @app.command("noop")
