@@ -12,10 +12,10 @@ Stage 1, grid (S, Hkv, num_splits): each sequence's own context is cut into
 ``num_splits`` ranges of ``cdiv(seq_len, num_splits)`` tokens rounded up to BLOCK_N, so
 a short sequence beside a long one is split as finely as its length allows and
 nothing on the host depends on the lengths (a CUDA graph replays the launch for any
-lengths; see :mod:`engine.decode_graphs`). One program loads the GROUP query heads of one KV head
-together (padded to BLOCK_H rows, so K/V tiles are read once per group) and runs an
-online softmax over its range in BLOCK_N-token tiles, writing the normalised partial
-output and its log-sum-exp (base 2)::
+lengths; see :mod:`engine.decode_graphs`). One program loads the GROUP query heads of
+one KV head together (padded to BLOCK_H rows, so K/V tiles are read once per group)
+and runs an online softmax over its range in BLOCK_N-token tiles, writing the
+normalised partial output and its log-sum-exp (base 2)::
 
     part_out [S, H, num_splits, D] float32      part_lse [S, H, num_splits] float32
 
