@@ -79,6 +79,11 @@ def engine_model(plan: EnginePlan, config: EngineConfig) -> LoadedModel | None:
     return random_model(RANDOM_SMOLLM2, SMOLLM2_135M, tokenizer, config.dtype, config.device)
 
 
+def engine_label(backend: str, cuda_graphs: bool) -> str:
+    """How a run is named in the results: ``triton``, ``triton+graphs``, ``torch``."""
+    return backend + ("+graphs" if cuda_graphs else "")
+
+
 def bench_engine(backend: str, plan: EnginePlan, cuda_graphs: bool = False) -> dict[str, Any]:
     """Output tokens per second of the synchronous engine with ``backend``, its decode
     steps eager or replayed as CUDA graphs (engine.decode_graphs)."""
@@ -103,7 +108,7 @@ def bench_engine(backend: str, plan: EnginePlan, cuda_graphs: bool = False) -> d
     seconds = time.perf_counter() - start
     out_tokens = sum(r.sampling.max_tokens for r in requests)
     rate = round(out_tokens / seconds, 1)
-    return {"backend": backend + ("+graphs" if cuda_graphs else ""), "model": llm.model_name,
+    return {"backend": engine_label(backend, cuda_graphs), "model": llm.model_name,
             "requests": len(requests), "output_tokens": out_tokens,
             "steps": llm.num_steps - steps,
             "graph_replays": graphs.num_replays - replays if graphs else 0,

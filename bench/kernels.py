@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
         save(result)
     if not args.skip_engine:
-        from kernel_engine import bench_engine
+        from kernel_engine import bench_engine, engine_label
 
         result["engine"] = []
         for backend, graphs in ENGINE_VARIANTS:
@@ -330,8 +330,8 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
                 result["engine"].append(bench_engine(backend, engine_plan(args, cfg), graphs))
             except Exception as exc:  # report it, keep the kernel figures
                 error = f"{type(exc).__name__}: {exc}"[:300]
-                label = backend + ("+graphs" if graphs else "")
-                result["engine"].append({"backend": label, "error": error})
+                result["engine"].append({"backend": engine_label(backend, graphs),
+                                         "error": error})  # fmt: skip
             save(result)
     if args.sweep:
         from kernel_sweep import run_sweep

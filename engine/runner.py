@@ -29,6 +29,12 @@ class RunnerSeq:
     block_ids: tuple[int, ...]
     needs_logits: bool
 
+    def slots(self, block_size: int) -> list[int]:
+        """The KV-cache slots of the new tokens (see the module docstring)."""
+        ids, bs = self.block_ids, block_size
+        positions = range(self.start, self.start + len(self.token_ids))
+        return [ids[p // bs] * bs + p % bs for p in positions]
+
 
 class ModelRunner:
     """Executes one step of the model over flattened tokens of many sequences."""
@@ -97,9 +103,8 @@ class ModelRunner:
         logit_rows: list[int] = []
         for s in batch:
             ids.extend(s.token_ids)
-            for p in range(s.start, s.start + len(s.token_ids)):
-                positions.append(p)
-                slots.append(s.block_ids[p // bs] * bs + p % bs)
+            positions.extend(range(s.start, s.start + len(s.token_ids)))
+            slots.extend(s.slots(bs))
             qsl.append(len(ids))
             if s.needs_logits:
                 logit_rows.append(len(ids) - 1)
@@ -158,10 +163,9 @@ class ModelRunner:
             return None
         if not all(len(s.token_ids) == 1 and s.needs_logits for s in batch):
             return None
-        bs = self.block_size
         return DecodeBatch(
             token_ids=[s.token_ids[0] for s in batch],
             positions=[s.start for s in batch],
-            slots=[s.block_ids[s.start // bs] * bs + s.start % bs for s in batch],
+            slots=[s.slots(self.block_size)[0] for s in batch],
             block_tables=[s.block_ids for s in batch],
         )
