@@ -35,12 +35,16 @@ ALL_KERNELS = {
 }
 
 
-def _run(args: list[str], interpret: bool) -> subprocess.CompletedProcess[str]:
+def _env(interpret: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's own default, without its warning
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env,
+    return env
+
+
+def _run(args: list[str], interpret: bool) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=_env(interpret),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
@@ -49,11 +53,21 @@ ARCHES = (90, 80)  # Hopper (H100/H200) and Ampere (A100)
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("cuda_compile") / "builds.json"
-    arches = [a for arch in ARCHES for a in ("--arch", str(arch))]
-    done = _run([*arches, "--quick", "--json", str(out)], interpret=False)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    builds: list[dict[str, Any]] = json.loads(out.read_text())
+    """Every quick build for every arch: one child process per arch, side by side (the
+    builds are single-threaded)."""
+    out = tmp_path_factory.mktemp("cuda_compile")
+    procs = {}
+    for arch in ARCHES:
+        args = ["--arch", str(arch), "--quick", "--json", str(out / f"sm_{arch}.json")]
+        procs[arch] = subprocess.Popen(
+            [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=_env(interpret=False),
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    builds: list[dict[str, Any]] = []
+    for arch, proc in procs.items():
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output[-8000:]
+        builds.extend(json.loads((out / f"sm_{arch}.json").read_text()))
     return builds
 
 
