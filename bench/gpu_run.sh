@@ -32,6 +32,7 @@ tests=(
   tests/engine/kernels/test_triton_attention_backend.py
   tests/engine/kernels/test_triton_engine_e2e.py
   tests/engine/test_engine_config.py
+  tests/engine/test_engine_gpu_memory.py
 )
 # --confcutdir: the top conftest's database fixtures import SQLAlchemy, absent there.
 timeout "${TESTS_S:-150}" "$py" -m pytest -q -p no:cacheprovider --confcutdir=tests/engine \

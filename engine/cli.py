@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from engine.config import TINY_MODEL, EngineConfig
+from engine.config import DEFAULT_GPU_MEMORY_UTILIZATION, TINY_MODEL, EngineConfig
 from engine.serving.app import WorkerConfig
 from engine.serving.errors import DEFAULT_MAX_BODY_BYTES
 from engine.serving.registration import Registration
@@ -43,6 +43,7 @@ def engine_config(
     attention_backend: str = "auto",
     device: str = "cpu",
     cuda_graphs: bool = False,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> EngineConfig:
     """The engine's config from CLI values; ``ValueError`` names a bad one."""
     if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
@@ -70,6 +71,7 @@ def engine_config(
         attention_backend=attention_backend,
         device=device,
         cuda_graphs=cuda_graphs,
+        gpu_memory_utilization=gpu_memory_utilization,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -164,7 +166,19 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="KV blocks (default: from --kv-cache-mb)")
         ] = None,
         kv_cache_mb: Annotated[
-            int | None, typer.Option(help="KV cache memory budget in MiB (default 1024)")
+            int | None,
+            typer.Option(
+                help="KV cache memory budget in MiB (default: 1024 on the CPU; on a GPU "
+                "from --gpu-memory-utilization)"
+            ),
+        ] = None,
+        gpu_memory_utilization: Annotated[
+            float | None,
+            typer.Option(
+                help="On a GPU without --kv-cache-mb: the fraction of its memory the "
+                "weights, activations and KV cache may take (default: "
+                "KVTOLL_GPU_MEMORY_UTILIZATION or 0.9)"
+            ),
         ] = None,
         max_model_len: Annotated[
             int | None, typer.Option(help="Context length (default: the model's)")
@@ -222,6 +236,9 @@ def register(app: typer.Typer) -> None:
                 attention_backend=settings.attention_backend,
                 device=device or settings.device,
                 cuda_graphs=settings.cuda_graphs if cuda_graphs is None else cuda_graphs,
+                gpu_memory_utilization=settings.gpu_memory_utilization
+                if gpu_memory_utilization is None
+                else gpu_memory_utilization,
             )
             if max_body_mb <= 0:
                 raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.dtype_choice import resolve_dtype
+from engine.gpu_memory import check_utilization
 
 TINY_MODEL = "kvtoll-tiny"
 DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware computes it natively
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,10 @@ class EngineConfig:
     """Every knob of one engine instance.
 
     KV cache size: ``num_kv_blocks`` if set, else as many blocks as fit in
-    ``kv_cache_bytes``. ``max_model_len`` defaults to the model's context length.
+    ``kv_cache_bytes``; without either, 1 GiB on the CPU and, on a GPU, what
+    ``gpu_memory_utilization`` of its memory leaves after the weights and a
+    full-size warm-up step (:mod:`engine.gpu_memory`). ``max_model_len`` defaults to
+    the model's context length.
     ``max_num_batched_tokens`` is the per-step token budget (chunked prefill).
     ``device`` is ``cpu``, ``cuda`` or ``cuda:N``. ``cuda_graphs`` runs decode steps as
     captured CUDA graphs (:mod:`engine.decode_graphs`; Triton backend only; off CUDA
@@ -33,7 +39,8 @@ class EngineConfig:
     dtype: str = DEFAULT_DTYPE  # "auto" | "float32" | "bfloat16"; "auto" resolved on creation
     device: str = "cpu"
     block_size: int = 16
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_kv_blocks: int | None = None
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
@@ -50,17 +57,14 @@ class EngineConfig:
         object.__setattr__(self, "device", check_device(self.device))
         # Resolved once, here: everything downstream sees a concrete dtype.
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
-        for name in (
-            "block_size",
-            "kv_cache_bytes",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "max_n",
-        ):
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_n"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
-            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        for name in ("kv_cache_bytes", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        check_utilization(self.gpu_memory_utilization)
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,8 +25,9 @@ import torch
 from engine.api import Tokenizer
 from engine.attention.base import AttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
-from engine.config import TINY_MODEL, EngineConfig
+from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, TINY_MODEL, EngineConfig
 from engine.decode_graphs import graph_batch_sizes
+from engine.gpu_memory import GpuMemory, kv_cache_budget, measure, reset_peak
 from engine.host_memory import keep_tensor_memory
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
@@ -151,15 +153,40 @@ def make_backend(name: str, device: str) -> AttentionBackend:
     return select_attention_backend(name, device)
 
 
-def num_kv_blocks(config: EngineConfig, cfg: LlamaConfig) -> int:
-    """Blocks from ``num_kv_blocks`` or the byte budget."""
+def num_kv_blocks(
+    config: EngineConfig, cfg: LlamaConfig, gpu_memory: Callable[[], GpuMemory]
+) -> int:
+    """Blocks from ``num_kv_blocks``, else the byte budget: ``kv_cache_bytes``, else
+    1 GiB on the CPU and on a GPU :func:`~engine.gpu_memory.kv_cache_budget` of
+    ``gpu_memory()`` (called only then: it runs a warm-up step)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
+    if config.kv_cache_bytes is not None:
+        budget = config.kv_cache_bytes
+    elif config.device == "cpu":
+        budget = DEFAULT_CPU_KV_CACHE_BYTES
+    else:
+        budget = kv_cache_budget(gpu_memory(), config.gpu_memory_utilization)
     elem = torch.finfo(_DTYPES[config.dtype]).bits // 8
     per_block = ModelRunner.bytes_per_block(
         cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_size, elem
     )
-    return max(1, config.kv_cache_bytes // per_block)
+    return max(1, budget // per_block)
+
+
+def profile_gpu_memory(
+    lm: LoadedModel, backend: AttentionBackend, config: EngineConfig, max_len: int
+) -> GpuMemory:
+    """The GPU's memory after a full-size warm-up step on a runner with a few KV
+    blocks (freed before measuring; the peak still counts its activations)."""
+    reset_peak(config.device)
+    probe = ModelRunner(
+        lm.model, backend, -(-config.max_num_batched_tokens // config.block_size) + 1,
+        config.block_size, max_len, _DTYPES[config.dtype], config.device,
+    )  # fmt: skip
+    probe.warmup(config.max_num_batched_tokens, config.max_num_seqs)
+    del probe
+    return measure(config.device)
 
 
 def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) -> LLMEngine:
@@ -172,7 +199,6 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     max_len = min(
         config.max_model_len or lm.config.max_position_embeddings, lm.config.max_position_embeddings
     )
-    n_blocks = num_kv_blocks(config, lm.config)
     backend = make_backend(config.attention_backend, config.device)
     graph_sizes: tuple[int, ...] = ()
     if config.cuda_graphs:
@@ -181,6 +207,9 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
                 f"cuda_graphs needs the triton attention backend, not {backend.name}"
             )
         graph_sizes = graph_batch_sizes(config.max_num_seqs)
+    n_blocks = num_kv_blocks(
+        config, lm.config, lambda: profile_gpu_memory(lm, backend, config, max_len)
+    )
     runner = ModelRunner(
         lm.model,
         backend,
@@ -191,6 +220,8 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.device,
         graph_sizes,
     )
+    if config.device.startswith("cuda"):  # compile every kernel now, not in a request
+        runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
     kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
     limits = Limits(

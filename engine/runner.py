@@ -56,6 +56,8 @@ class ModelRunner:
         self.model = model
         self.backend = backend
         self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
         self.device = device
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_size)
         self.kv_caches: list[KVCache] = [
@@ -139,6 +141,22 @@ class ModelRunner:
         with self._on_device():
             return self._execute(batch)
 
+    def warmup(self, num_tokens: int, num_seqs: int) -> None:
+        """Run a full-size prefill step (``num_tokens`` tokens over at least
+        ``num_seqs`` sequences, more where ``max_model_len`` is short) and a decode step
+        of the same sequences: every kernel a step launches is compiled (Triton compiles
+        at first launch) and the step's peak activation memory is reached.
+
+        Before any request only: it writes K/V into arbitrary blocks (block ids wrap
+        around the pool), which is harmless while no block holds a sequence.
+        """
+        for batch in warmup_batches(
+            num_tokens, num_seqs, self.max_model_len, self.block_size, self.num_blocks
+        ):
+            self.execute(batch)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+
     def _execute(self, batch: list[RunnerSeq]) -> torch.Tensor:
         if self.graphs is not None:
             decode = self._graph_decode(self.graphs, batch)
@@ -169,3 +187,29 @@ class ModelRunner:
             slots=[s.slots(self.block_size)[0] for s in batch],
             block_tables=[s.block_ids for s in batch],
         )
+
+
+def warmup_batches(
+    num_tokens: int, num_seqs: int, max_model_len: int, block_size: int, num_blocks: int
+) -> tuple[list[RunnerSeq], list[RunnerSeq]]:
+    """The prefill batch and the decode batch of :meth:`ModelRunner.warmup`.
+
+    ``num_tokens`` prompt tokens split as evenly as possible over ``num_seqs``
+    sequences (fewer if there are fewer tokens; more if a share would not leave room
+    for one decoded token under ``max_model_len``); block ids count up from 0 and wrap
+    around a pool of ``num_blocks``.
+    """
+    if min(num_tokens, num_seqs, block_size, num_blocks) <= 0 or max_model_len < 2:
+        raise ValueError("warm-up needs positive sizes and max_model_len >= 2")
+    n = max(min(num_seqs, num_tokens), -(-num_tokens // (max_model_len - 1)))
+    lengths = [num_tokens // n + (1 if i < num_tokens % n else 0) for i in range(n)]
+    next_block = 0
+    prefill: list[RunnerSeq] = []
+    decode: list[RunnerSeq] = []
+    for length in lengths:
+        count = -(-(length + 1) // block_size)  # the prompt and one decoded token
+        blocks = tuple((next_block + i) % num_blocks for i in range(count))
+        next_block += count
+        prefill.append(RunnerSeq((0,) * length, 0, blocks, needs_logits=True))
+        decode.append(RunnerSeq((0,), length, blocks, needs_logits=True))
+    return prefill, decode

@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     attention_backend: str = "auto"
     device: str = "cpu"  # the in-process engine's and `kvtoll worker`'s: cpu, cuda, cuda:N
     cuda_graphs: bool = False  # decode steps as CUDA graphs (engine.decode_graphs)
+    gpu_memory_utilization: float = 0.9  # on a GPU: its share for the engine (engine.gpu_memory)
     log_level: str = "info"
 
     @model_validator(mode="after")

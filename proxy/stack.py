@@ -149,7 +149,8 @@ def _local_parts(settings: Settings) -> _Parts:
     try:
         config = engine_config(settings.model_path, settings.dtype,
                                attention_backend=settings.attention_backend,
-                               device=settings.device, cuda_graphs=settings.cuda_graphs)
+                               device=settings.device, cuda_graphs=settings.cuda_graphs,
+                               gpu_memory_utilization=settings.gpu_memory_utilization)
         engine = build_engine(config)
     except (OSError, ValueError) as exc:
         raise StackError(f"cannot load the model: {exc}") from exc

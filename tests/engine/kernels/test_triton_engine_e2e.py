@@ -80,6 +80,24 @@ def test_triton_engine_is_token_identical_to_torch_engine(
     assert calls["paged_decode_attention"] > 0 and calls["extend_attention"] > 0
 
 
+def test_warmup_launches_every_kernel_and_changes_no_output(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """The start-up warm-up (run by the factory on a GPU, so that Triton compiles before
+    the first request) launches the prefill and decode kernels, and the K/V it writes
+    into unused blocks never shows in a later request's tokens."""
+    config = EngineConfig.tiny(attention_backend="torch", device=device)
+    loaded = load_model(config)
+    torch_tokens, _ = _run(build_llm_engine(config, loaded))
+    engine = build_llm_engine(EngineConfig.tiny(attention_backend="triton", device=device), loaded)
+    calls: Counter[str] = Counter()
+    _count_calls(monkeypatch, calls)
+    engine.runner.warmup(num_tokens=40, num_seqs=3)
+    assert calls["extend_attention"] > 0 and calls["paged_decode_attention"] > 0
+    warm_tokens, _ = _run(engine)
+    assert warm_tokens == torch_tokens
+
+
 def test_decode_graphs_are_token_identical_to_torch_engine(device: str) -> None:
     """cuda_graphs: decode steps replay captured graphs on CUDA (on CPU the same static,
     padded buffers run eagerly); prefill and mixed steps stay eager. Same tokens."""

@@ -53,6 +53,7 @@ def busy_port() -> Iterator[int]:
         (["--model", "kvtoll-tiny", "--block-size", "0"], "block_size"),
         (["--model", "kvtoll-tiny", "--num-blocks", "-1"], "num_kv_blocks"),
         (["--model", "kvtoll-tiny", "--kv-cache-mb", "0"], "--kv-cache-mb"),
+        (["--model", "kvtoll-tiny", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
         (["--model", "kvtoll-tiny", "--max-body-mb", "0"], "--max-body-mb"),
         (["--model", "kvtoll-tiny", "--host", "no-such-host.invalid"], "--host"),
         (["--model", "kvtoll-tiny", "--device", "tpu"], "use cpu, cuda or cuda:N"),

@@ -92,6 +92,7 @@ def test_bench_group_lists_contributed_commands() -> None:
     [
         ("KVTOLL_DEVICE", "tpu", "device 'tpu': use cpu, cuda or cuda:N"),
         ("KVTOLL_CUDA_GRAPHS", "1", "--cuda-graphs needs a CUDA device"),
+        ("KVTOLL_GPU_MEMORY_UTILIZATION", "0", "gpu_memory_utilization must be in (0, 1]"),
     ],
 )
 def test_bad_engine_device_settings(
