@@ -3,8 +3,10 @@
 After each sampled token: stop token ids / EOS (unless ``ignore_eos``) finish with
 ``stop`` and are not part of the text; a stop string finishes with ``stop`` and the
 text is cut before it; ``max_tokens`` or the context limit finish with ``length``.
-While running, text that might still change is held back: a trailing U+FFFD (an
-incomplete UTF-8 sequence) and any suffix that is a prefix of a stop string.
+While running, text that might still change is held back: trailing U+FFFD (an
+incomplete UTF-8 character: at most 3 bytes, so at most 3 replacement characters;
+older ones are invalid bytes that no later token can change) and any suffix that is a
+prefix of a stop string.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from engine.api import FinishReason, GenerationChunk, Tokenizer
 from engine.detokenize import output_text
 from engine.sequence import Sequence
 
+MAX_PENDING_REPLACEMENTS = 3
+
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """How many trailing characters of ``text`` to withhold for now."""
     hold = 0
-    while hold < len(text) and text[len(text) - 1 - hold] == "\ufffd":
+    limit = min(len(text), MAX_PENDING_REPLACEMENTS)
+    while hold < limit and text[len(text) - 1 - hold] == "\ufffd":
         hold += 1
     for s in stops:
         for k in range(min(len(s) - 1, len(text)), 0, -1):

@@ -106,6 +106,23 @@ def test_stop_string_cuts_text_and_is_never_streamed() -> None:
     assert reason is FinishReason.LENGTH and "".join(deltas) == "abcd"
 
 
+def test_invalid_bytes_stream_and_only_a_possible_partial_character_waits() -> None:
+    """Replacement characters more than 3 from the end can never become text: they
+    stream; the last 3 wait, since an incomplete character may still be completed."""
+    tok = ByteTokenizer()
+    proc = OutputProcessor(tok, max_model_len=1000)
+    seq = Sequence(0, "s", 0, [1, 4], 2, SamplingParams(max_tokens=100), None, 0)
+    sent = ""
+    for byte in b"\xff" * 8 + "\u20ac".encode()[:2]:  # garbage, then 2 of the euro's 3 bytes
+        seq.token_ids.append(byte + ByteTokenizer.NUM_SPECIAL)
+        chunk = proc.process(seq, 2)
+        sent += chunk.text if chunk is not None else ""
+    assert sent == "\ufffd" * 6  # of 9 replacement characters, the last 3 wait
+    seq.token_ids.append("\u20ac".encode()[2] + ByteTokenizer.NUM_SPECIAL)
+    chunk = proc.process(seq, 2)
+    assert chunk is not None and sent + chunk.text == "\ufffd" * 8 + "\u20ac"
+
+
 def test_stop_token_id_finishes_without_its_text(tiny_model: LoadedModel) -> None:
     ((toks, _, _),) = _texts(
         tiny_model, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
