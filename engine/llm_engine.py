@@ -158,7 +158,7 @@ class LLMEngine:
         return RunnerSeq(
             token_ids=tuple(seq.token_ids[s.start : s.start + s.num_new_tokens]),
             start=s.start,
-            block_ids=tuple(self.kv.block_ids(seq.seq_id)),
+            block_ids=self.kv.block_ids(seq.seq_id),
             needs_logits=s.completes,
         )
 

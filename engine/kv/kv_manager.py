@@ -40,11 +40,13 @@ class KVCacheManager:
         self.pool = pool
         self.block_size = pool.block_size
         self._tables: dict[int, list[KVBlock]] = {}
+        self._ids: dict[int, tuple[BlockId, ...]] = {}  # _tables as ids, built on change
         self._num_hashed: dict[int, int] = {}
 
-    def block_ids(self, seq_id: int) -> list[BlockId]:
-        """The sequence's block table as ids (empty if it holds none)."""
-        return [b.block_id for b in self._tables.get(seq_id, [])]
+    def block_ids(self, seq_id: int) -> tuple[BlockId, ...]:
+        """The sequence's block table as ids (empty if it holds none); kept from one
+        change of the table to the next, so a decode step does not rebuild it."""
+        return self._ids.get(seq_id, ())
 
     def blocks(self, seq_id: int) -> list[KVBlock]:
         """The sequence's blocks (a copy of its table)."""
@@ -98,13 +100,16 @@ class KVCacheManager:
             )
         if self._blocks_short(seq, num_new_tokens, prefix) > 0:
             return False
-        self.pool.touch(list(prefix))
-        table = table + list(prefix)
-        seq.num_computed_tokens += len(prefix) * self.block_size
+        if prefix:
+            self.pool.touch(list(prefix))
+            table = table + list(prefix)
+            seq.num_computed_tokens += len(prefix) * self.block_size
         need = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(table)
         if need > 0:
             table = table + self.pool.allocate(need)
-        self._tables[seq.seq_id] = table
+        if need > 0 or prefix or seq.seq_id not in self._tables:
+            self._tables[seq.seq_id] = table
+            self._ids[seq.seq_id] = tuple(b.block_id for b in table)
         self._num_hashed.setdefault(seq.seq_id, len(prefix))
         return True
 
@@ -131,6 +136,7 @@ class KVCacheManager:
     def free(self, seq: CacheableSeq) -> None:
         """Release the sequence's blocks (tail first, so its tail is evicted first)."""
         table = self._tables.pop(seq.seq_id, [])
+        self._ids.pop(seq.seq_id, None)
         self._num_hashed.pop(seq.seq_id, None)
         self.pool.free(list(reversed(table)))
 

@@ -34,7 +34,7 @@ def test_allocation_takes_lowest_ids_first_and_hashes_match_router() -> None:
     kv = KVCacheManager(BlockPool(8, BS))
     a = Seq(0, list(range(10)))  # 2 full blocks + 2 tokens
     assert _run_prefill(kv, a) == 0
-    assert kv.block_ids(0) == [0, 1, 2]
+    assert kv.block_ids(0) == (0, 1, 2)
     assert a.block_hashes == hash_prompt_blocks(a.token_ids, BS)
     events = kv.pool.events.since(0)
     assert [(e.seq, e.kind) for e in events] == [(0, KVEventKind.STORED)]
@@ -46,11 +46,11 @@ def test_prefix_hit_shares_blocks_and_leaves_last_token_to_compute() -> None:
     _run_prefill(kv, Seq(0, list(range(10))))
     b = Seq(1, [*range(8), 99, 98, 97])
     assert _run_prefill(kv, b) == 8
-    assert kv.block_ids(1) == [0, 1, 3]
+    assert kv.block_ids(1) == (0, 1, 3)
     assert [kv.pool.blocks[i].ref_cnt for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
     exact = Seq(2, list(range(8)))  # fully cached: the last block is recomputed
     assert _run_prefill(kv, exact) == 4
-    assert kv.block_ids(2) == [0, 4]
+    assert kv.block_ids(2) == (0, 4)
 
 
 def test_salt_isolates_tenants() -> None:
@@ -74,7 +74,7 @@ def test_eviction_order_uncached_first_then_lru_tail_first() -> None:
     assert [blk.block_id for blk in kv.pool.free_queue] == [5, 2, 1, 0, 4, 3]
     c = Seq(2, list(range(200, 212)))  # 3 blocks: reuses 5, 2, then evicts 1 (a's tail)
     assert _run_prefill(kv, c) == 0
-    assert kv.block_ids(2) == [5, 2, 1]
+    assert kv.block_ids(2) == (5, 2, 1)
     removed = [e for e in kv.pool.events.since(0) if e.kind is KVEventKind.REMOVED]
     assert [e.block_hashes for e in removed] == [(a.block_hashes[1],)]
     a2 = Seq(3, list(range(9)))

@@ -104,6 +104,7 @@ class KVMachine(RuleBasedStateMachine):
         refs: Counter[int] = Counter()
         for s in self.seqs.values():
             ids = self.kv.block_ids(s.seq_id)
+            assert ids == tuple(b.block_id for b in self.kv.blocks(s.seq_id))  # kept ids
             assert len(ids) == len(set(ids))
             assert len(ids) * BS >= s.num_computed_tokens
             refs.update(ids)
