@@ -195,6 +195,11 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         torch.set_num_threads(config.num_threads)
     if config.device == "cpu":
         keep_tensor_memory()  # engine.host_memory: temporaries without page faults
+        if torch.cuda.is_available():
+            log.warning(
+                "a CUDA GPU is visible, but the engine runs on the CPU: "
+                "set KVTOLL_DEVICE=cuda or kvtoll worker --device cuda to use it"
+            )
     lm = loaded or load_model(config)
     max_len = min(
         config.max_model_len or lm.config.max_position_embeddings, lm.config.max_position_embeddings
