@@ -26,7 +26,7 @@ def triton_available() -> bool:
 def cpu_kernels_available() -> bool:
     """Whether the CPU kernels (numba's, and the native ones, which numba launches) can
     run here: numba has a thread-safe parallel back end (libgomp or libtbb)."""
-    from engine.kernels.cpu_decode_attention import threadsafe_parallelism_available
+    from engine.kernels.numba_threads import threadsafe_parallelism_available
 
     return threadsafe_parallelism_available()
 

@@ -35,9 +35,7 @@ kernels (``_build``) -> launcher (``_check``, ``_check_indices``) -> public func
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,29 +43,11 @@ import numba
 import numpy as np
 import torch
 
-# Decode rows handed to a thread at a time: contexts of 32 and 2,048 tokens differ 64x
-# in work, so rows are handed out one by one rather than in static halves.
-CHUNK_SIZE = 1
+from engine.kernels.numba_threads import numba_launch
 
 Kernel = Callable[..., Any]
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
-
-
-# numba's parallel back ends that allow launches from several threads at once (engines
-# run in their own threads); its fallback, "workqueue", aborts the process on that.
-THREADSAFE_LAYERS = {"tbb": "numba.np.ufunc.tbbpool", "omp": "numba.np.ufunc.omppool"}
-
-
-def threadsafe_parallelism_available() -> bool:
-    """Whether numba can load a thread-safe parallel back end (libtbb or libgomp) here."""
-    for module in THREADSAFE_LAYERS.values():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            continue
-        return True
-    return False
 
 
 def _build(
@@ -298,22 +278,6 @@ def cache_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarr
     if k_cache.dtype == torch.bfloat16:
         return k_cache.view(torch.int16).numpy(), v_cache.view(torch.int16).numpy()
     return k_cache.numpy(), v_cache.numpy()
-
-
-@contextmanager
-def numba_launch(num_threads: int | None) -> Iterator[None]:
-    """Around a launch of parallel kernels: numba's threads set to ``num_threads``
-    (default torch's intra-op threads, so one setting governs both) and rows handed out
-    :data:`CHUNK_SIZE` at a time, the chunk size restored after. Both settings are per
-    calling thread in numba."""
-    threads = min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-    if numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
-    previous = numba.set_parallel_chunksize(CHUNK_SIZE)
-    try:
-        yield
-    finally:
-        numba.set_parallel_chunksize(previous)
 
 
 def check_planned(

@@ -38,8 +38,8 @@ from engine.kernels.cpu_decode_attention import (
     cache_arrays,
     check_planned,
     check_tensors,
-    numba_launch,
 )
+from engine.kernels.numba_threads import numba_launch
 
 QUERY_TILE = 16  # query rows of a prefill chunk per work item (times the heads of a KV head)
 MAX_QUERY_TILE = 64  # an item keeps its rows' state on its thread's stack

@@ -53,9 +53,9 @@ def test_unknown_name_is_refused() -> None:
 def test_without_a_threadsafe_numba_back_end_auto_falls_back_to_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from engine.kernels import cpu_decode_attention
+    from engine.kernels import numba_threads
 
-    monkeypatch.setattr(cpu_decode_attention, "THREADSAFE_LAYERS", {"omp": "no.such.module"})
+    monkeypatch.setattr(numba_threads, "THREADSAFE_LAYERS", {"omp": "no.such.module"})
     assert type(select_attention_backend("auto", "cpu")) is TorchAttentionBackend
     with pytest.raises(ValueError, match="libgomp or libtbb"):
         select_attention_backend("cpu", "cpu")
