@@ -225,7 +225,7 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.device,
         graph_sizes,
     )
-    if config.device.startswith("cuda"):  # compile every kernel now, not in a request
+    if config.device.startswith("cuda"):  # compile the kernels now, not in a request
         runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
     kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)

@@ -144,8 +144,10 @@ class ModelRunner:
     def warmup(self, num_tokens: int, num_seqs: int) -> None:
         """Run a full-size prefill step (``num_tokens`` tokens over at least
         ``num_seqs`` sequences, more where ``max_model_len`` is short) and a decode step
-        of the same sequences: every kernel a step launches is compiled (Triton compiles
-        at first launch) and the step's peak activation memory is reached.
+        of the same sequences: each kernel a step launches is compiled for these shapes
+        (Triton compiles at first launch; variants that Triton specialises on other
+        values, e.g. the split count of long contexts, still compile at their first
+        use) and the step's peak activation memory is reached.
 
         Before any request only: it writes K/V into arbitrary blocks (block ids wrap
         around the pool), which is harmless while no block holds a sequence.
