@@ -161,17 +161,23 @@ def num_kv_blocks(
     ``gpu_memory()`` (called only then: it runs a warm-up step)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    if config.kv_cache_bytes is not None:
-        budget = config.kv_cache_bytes
-    elif config.device == "cpu":
-        budget = DEFAULT_CPU_KV_CACHE_BYTES
-    else:
+    if sized_from_gpu_memory(config):
         budget = kv_cache_budget(gpu_memory(), config.gpu_memory_utilization)
+    else:
+        budget = config.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
     elem = torch.finfo(_DTYPES[config.dtype]).bits // 8
     per_block = ModelRunner.bytes_per_block(
         cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_size, elem
     )
     return max(1, budget // per_block)
+
+
+def sized_from_gpu_memory(config: EngineConfig) -> bool:
+    """Whether the KV cache takes its size from the GPU's memory (a probe warm-up runs
+    first): on a GPU, with neither ``num_kv_blocks`` nor ``kv_cache_bytes`` set."""
+    return (
+        config.device != "cpu" and config.num_kv_blocks is None and config.kv_cache_bytes is None
+    )
 
 
 def profile_gpu_memory(
@@ -225,7 +231,8 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.device,
         graph_sizes,
     )
-    if config.device.startswith("cuda"):  # compile the kernels now, not in a request
+    if config.device != "cpu" and not sized_from_gpu_memory(config):
+        # compile the kernels now, not in a request (the probe already did)
         runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
     kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
