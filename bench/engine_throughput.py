@@ -41,7 +41,8 @@ import torch
 
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
-from engine.factory import LoadedModel, build_llm_engine, bundled_model_path, load_model
+from engine.factory import LoadedModel, build_llm_engine, load_model
+from engine.loader.bundled import bundled_model_path
 
 
 @dataclass(frozen=True)

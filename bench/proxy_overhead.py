@@ -77,9 +77,9 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
     import uvicorn
 
     from billing.db import make_engine, session_factory
+    from kvtoll.settings import load_settings
     from proxy.app import create_app
     from proxy.server import server_config
-    from proxy.settings import load_settings
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, redis_url=None,

@@ -62,6 +62,7 @@ def serve_gateway(
     import uvicorn
 
     from billing.db import make_engine, session_factory
+    from kvtoll.settings import load_settings
     from proxy.app import create_app
     from proxy.deps import get_key
     from proxy.semantic.factory import build_semantic_cache
@@ -69,7 +70,6 @@ def serve_gateway(
     from proxy.semantic.service import SemanticConfig
     from proxy.semantic_bridge import SemanticCacheAdapter
     from proxy.server import server_config
-    from proxy.settings import load_settings
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
     settings = load_settings(

@@ -49,7 +49,7 @@ from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from billing.pricing import set_price
 from billing.usage import BucketWidth, UsageQuery, aggregate_usage, build_statement
 from billing.usage_rollup import rebuild_rollup
-from proxy.settings import load_settings
+from kvtoll.settings import load_settings
 from web.app import create_web_app
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -37,8 +37,8 @@ from engine.config import TINY_MODEL, EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import derive_tenant_salt
 from engine.serving.app import build_worker_app
-from engine.serving.server import serve_in_background
-from engine.serving.sse import aiter_sse_data
+from kvtoll.openai.sse import aiter_sse_data
+from kvtoll.server import serve_in_background
 from proxy.upstream.base import Upstream, UpstreamDelta, UpstreamRequest
 from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 from proxy.upstream.inprocess import InProcessUpstream

@@ -25,8 +25,8 @@ from billing.db import make_engine, session_factory
 from billing.errors import BillingError
 from billing.models import Price
 from billing.money import ppm_to_fraction, price_per_1m_usd
-from proxy.cli.errors import fail
-from proxy.settings import load_settings
+from kvtoll.cli.errors import fail
+from kvtoll.settings import load_settings
 
 T = TypeVar("T")
 

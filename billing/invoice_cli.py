@@ -26,8 +26,8 @@ from billing.errors import BillingError
 from billing.invoice_export import ExportFormat, exact_usd, load_document, render
 from billing.invoices import close_period, list_invoices, parse_period, tenants_to_invoice
 from billing.models import Invoice, Tenant
-from proxy.cli.errors import fail
-from proxy.settings import load_settings
+from kvtoll.cli.errors import fail
+from kvtoll.settings import load_settings
 
 
 def _check_schema(url: str) -> None:

@@ -1,13 +1,16 @@
 """Drive Alembic programmatically: no ``alembic.ini`` needed.
 
-The script location is the ``migrations`` package directory (found via the
-``__file__`` of :mod:`migrations.location`, so it works from a checkout and from an
-installed wheel); the URL is
-handed to ``migrations/env.py`` through ``Config.attributes``, which avoids
-configparser's ``%`` interpolation in passwords.
+The script location is the ``migrations`` package's directory, looked up by name
+(it works from a checkout and from an installed wheel): Alembic loads those scripts,
+which import billing's models; billing itself never imports them. The URL is handed
+to ``migrations/env.py`` through ``Config.attributes``, which avoids configparser's
+``%`` interpolation in passwords.
 """
 
 from __future__ import annotations
+
+from importlib.util import find_spec
+from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
@@ -15,7 +18,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from billing.db import make_engine
-from migrations.location import script_location
+
+
+def script_location() -> Path:
+    """The directory holding ``env.py`` and ``versions/`` (the ``migrations`` package)."""
+    spec = find_spec("migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the migrations package is not installed beside billing")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def alembic_config(url: str) -> Config:

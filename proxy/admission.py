@@ -1,5 +1,5 @@
 """Admission limits: prompt tokens, ``max_tokens`` and ``n`` (body size is capped while
-reading, by :func:`engine.serving.errors.read_body_bytes`).
+reading, by :func:`kvtoll.openai.errors.read_body_bytes`).
 
 Checked after schema validation (the serving protocol models) and before any cache
 or upstream sees the request. Every refusal is a caller's mistake and raises
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.serving.errors import OpenAIError
+from kvtoll.openai.errors import OpenAIError
 from proxy.config import AdmissionLimits
 
 

@@ -28,7 +28,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.accounts import KeyIdentity
 from billing.errors import BillingError
 from engine.api import Tokenizer
-from engine.serving.errors import error_response, install_error_handlers
+from kvtoll.openai.errors import error_response, install_error_handlers
+from kvtoll.settings import Settings
 from proxy import admin
 from proxy.asgi import CompletionEndpoints, GatewayApp
 from proxy.auth import AuthError, KeyAuthenticator
@@ -44,7 +45,6 @@ from proxy.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from proxy.routes import openai as openai_routes
 from proxy.routes import ops as ops_routes
 from proxy.service import Gateway
-from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream.base import Upstream
 from web.app import include_web_routers

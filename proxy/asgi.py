@@ -33,14 +33,14 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from starlette.types import Message, Receive, Scope, Send
 
-from engine.serving.errors import (
+from kvtoll.openai.errors import (
     SERVER_ERROR,
     OpenAIError,
     body_too_large,
     check_declared_length,
 )
-from engine.serving.responses import ResponseMeta
-from engine.serving.sse import SSE_HEADERS
+from kvtoll.openai.responses import ResponseMeta
+from kvtoll.openai.sse import SSE_HEADERS
 from proxy.intake import Intake, Kind, Prepared, RateLimited
 from proxy.render import sse_frames, whole_response
 from proxy.service import Gateway, Reply
@@ -110,7 +110,7 @@ def _error_headers(exc: OpenAIError) -> list[tuple[bytes, bytes]]:
 
 async def read_body(receive: Receive, declared: str | None, max_bytes: int) -> bytes:
     """The request body, refusing (413) more than ``max_bytes`` before reading it all
-    (the rules of ``engine.serving.errors.read_body_bytes``, on raw ASGI)."""
+    (the rules of ``kvtoll.openai.errors.read_body_bytes``, on raw ASGI)."""
     check_declared_length(declared, max_bytes)
     chunks: list[bytes] = []
     size = 0
@@ -267,7 +267,7 @@ class GatewayApp(FastAPI):
 def completion_openapi(schema: dict[str, Any]) -> None:
     """Add the completion paths (served as raw ASGI, unseen by FastAPI's generator) to
     an OpenAPI ``schema``, with their request bodies from the shared serving models."""
-    from engine.serving.protocol import ChatCompletionRequest, CompletionRequest
+    from kvtoll.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     models: dict[str, type[BaseModel]] = {

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing import keys
 from billing.accounts import KeyIdentity, resolve_key
-from engine.serving.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
+from kvtoll.openai.errors import INVALID_REQUEST, SERVER_ERROR, OpenAIError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Proxy-only limits and timings, frozen and passed to :func:`proxy.app.create_app`.
 
-:class:`proxy.settings.Settings` holds what the whole process shares (URLs, secrets);
+:class:`kvtoll.settings.Settings` holds what the whole process shares (URLs, secrets);
 this holds the gateway's policy numbers. Defaults suit the embedded single-process
 setup; tests and deployments pass their own.
 """

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from billing.accounts import KeyIdentity
 from billing.models import TenantId
-from engine.serving.errors import INVALID_REQUEST, OpenAIError
-from proxy.settings import Settings
+from kvtoll.openai.errors import INVALID_REQUEST, OpenAIError
+from kvtoll.settings import Settings
 from proxy.state import ProxyState
 
 

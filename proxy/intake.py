@@ -20,8 +20,8 @@ from typing import Any, Literal
 import anyio
 
 from billing.accounts import KeyIdentity
-from engine.serving.errors import INVALID_REQUEST, OpenAIError, decode_json_body
-from engine.serving.protocol import (
+from kvtoll.openai.errors import INVALID_REQUEST, OpenAIError, decode_json_body
+from kvtoll.openai.protocol import (
     ChatCompletionRequest,
     OpenAIRequest,
     parse_request,
@@ -76,7 +76,7 @@ _STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
 def decode_json_object(raw: bytes) -> dict[str, Any]:
-    """:func:`engine.serving.errors.decode_json_body` (strict UTF-8 and JSON, an object,
+    """:func:`kvtoll.openai.errors.decode_json_body` (strict UTF-8 and JSON, an object,
     no lone surrogate), with a fast path for the common body: without a ``\\u`` escape
     there can be no lone surrogate (UTF-8 text cannot carry one), so the walk over
     every string is skipped. Anything the fast path does not accept goes through the

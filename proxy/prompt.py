@@ -3,7 +3,7 @@
 With the upstream's tokenizer (the in-process engine, or the workers' tokenizer
 loaded by the gateway) the count is exact and the ids are those the engine itself
 would make (the same chat-message mapping and special tokens, from
-:mod:`engine.serving.convert`): the in-process engine takes them as they are (no
+:mod:`engine.api.convert`): the in-process engine takes them as they are (no
 second tokenization) and the prefix router hashes them like the workers do. Without one (remote
 OpenAI-compatible servers) it is an estimate: ``ceil(utf8_bytes / 4)`` per text plus
 ``4`` per chat message for the template; the upstream's own usage is what gets billed
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.api import Tokenizer
-from engine.serving.convert import chat_messages, text_prompt_ids
-from engine.serving.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from engine.api.convert import chat_messages, text_prompt_ids
+from kvtoll.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 BYTES_PER_TOKEN_ESTIMATE = 4
 TEMPLATE_TOKENS_PER_MESSAGE = 4

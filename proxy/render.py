@@ -9,8 +9,8 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from engine.serving.errors import SERVER_ERROR, OpenAIError, error_body
-from engine.serving.responses import (
+from kvtoll.openai.errors import SERVER_ERROR, OpenAIError, error_body
+from kvtoll.openai.responses import (
     Kind,
     ResponseMeta,
     chat_chunk,
@@ -20,7 +20,7 @@ from engine.serving.responses import (
     usage_chunk,
     usage_dict,
 )
-from engine.serving.sse import SSE_DONE, sse_event
+from kvtoll.openai.sse import SSE_DONE, sse_event
 from proxy.tally import Tally
 from proxy.upstream.base import UpstreamDelta, UpstreamError, UpstreamUsage
 

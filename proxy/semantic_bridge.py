@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from engine.serving.responses import (
+from kvtoll.openai.responses import (
     ChoiceResult,
     ResponseMeta,
     chat_completion,

@@ -37,7 +37,7 @@ from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy, TenantId
 from engine.api import Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
-from engine.serving.errors import SERVER_ERROR, OpenAIError
+from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
 from proxy.flight import Flight, billable_tokens, ledger_entry

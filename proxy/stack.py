@@ -5,7 +5,7 @@
     settings ─► billing DB (SQLite: migrated on start; PostgreSQL: must be at head)
              ─► upstreams: --worker URL … → HttpUpstream each (+ prefix router; workers
                            announced in Redis join the pool; the workers'
-                           tokenizer, see proxy.worker_tokenizer)
+                           tokenizer, see engine.api.tokenizers)
                            none          → the in-process engine (bundled SmolLM2)
              ─► semantic cache (MiniLM + FAISS; Redis-shared when KVTOLL_REDIS_URL)
              ─► proxy.app.create_app(...)
@@ -30,9 +30,9 @@ from billing import migrate
 from billing.accounts import get_tenant_by_name
 from billing.db import make_engine, session_factory
 from engine.api import Tokenizer
+from kvtoll.settings import Settings
 from proxy.app import Resource, create_app
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
-from proxy.settings import Settings
 from proxy.upstream.base import Upstream
 
 
@@ -45,7 +45,7 @@ class ServeOptions:
     workers: tuple[str, ...] = ()
     semantic: bool = True
     routing_policy: str = "cache_aware"
-    tokenizer: str = "auto"  # remote mode: see proxy.worker_tokenizer
+    tokenizer: str = "auto"  # remote mode: see engine.api.tokenizers
 
 
 @dataclass
@@ -133,7 +133,7 @@ def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
 
 
 def _worker_tokenizer(models: list[str], choice: str) -> Tokenizer | None:
-    from proxy.worker_tokenizer import worker_tokenizer
+    from engine.api.tokenizers import worker_tokenizer
 
     try:
         return worker_tokenizer(models, choice)
@@ -142,16 +142,11 @@ def _worker_tokenizer(models: list[str], choice: str) -> Tokenizer | None:
 
 
 def _local_parts(settings: Settings) -> _Parts:
-    from engine.cli import engine_config
-    from engine.factory import build_engine
+    from engine.api.local import start_local_engine
     from proxy.upstream.inprocess import InProcessUpstream
 
     try:
-        config = engine_config(settings.model_path, settings.dtype,
-                               attention_backend=settings.attention_backend,
-                               device=settings.device, cuda_graphs=settings.cuda_graphs,
-                               gpu_memory_utilization=settings.gpu_memory_utilization)
-        engine = build_engine(config)
+        engine = start_local_engine(settings)
     except (OSError, ValueError) as exc:
         raise StackError(f"cannot load the model: {exc}") from exc
     parts = _Parts([InProcessUpstream(engine)], [engine.model_name],

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
 from proxy.intake import Intake
 from proxy.metering import Meter
@@ -14,7 +15,6 @@ from proxy.outbox import Outbox
 from proxy.pool import UpstreamPool
 from proxy.ratelimit import RateLimiter
 from proxy.service import Gateway
-from proxy.settings import Settings
 
 
 @dataclass(frozen=True)

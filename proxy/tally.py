@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from engine.api import Tokenizer
-from engine.serving.responses import ChoiceResult
+from kvtoll.openai.responses import ChoiceResult
 from proxy.upstream.base import UpstreamDelta, UpstreamUsage
 
 Item = UpstreamDelta | UpstreamUsage

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.accounts import get_tenant_by_name
 from billing.usage import GroupBy
 from billing.usage_cache import UsageCache
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from web.api_views import cost_result, usage_result
 from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, set_cookie
 from web.dashboard_data import WorkerRows, admin_context

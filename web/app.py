@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.usage_cache import UsageCache
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from web.admin import WorkerStatusFn, build_admin_dashboard_router
 from web.auth import KeyResolver, TenantAuth, session_secret
 from web.dashboard import build_dashboard_router

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import KeyIdentity, resolve_key
 from billing.models import ApiKey, Tenant, TenantId
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from web.errors import ApiError, unauthorized
 from web.tokens import TokenSigner
 

@@ -18,7 +18,7 @@ from jinja2 import Environment
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.usage_cache import UsageCache
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from web.auth import TENANT_COOKIE, KeyResolver, TenantAuth, check_same_origin, session_secret
 from web.auth import set_cookie as set_session_cookie
 from web.dashboard_data import tenant_context

@@ -32,7 +32,7 @@ from billing.invoices import list_invoices
 from billing.models import Tenant
 from billing.usage import GroupBy, UsageQuery
 from billing.usage_cache import UsageCache
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from web.api_views import ExactJSONResponse, bucket_page, cost_result, invoice_summary, usage_result
 from web.auth import KeyResolver, TenantAuth, session_secret
 from web.errors import ApiError, bad_param, not_found

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as HFTokenizer
 
+from engine.loader.tokenizers import field as _field
+from engine.loader.tokenizers import read_gguf_tokenizer as read_tokenizer
 from engine.model.config import LlamaConfig
-from engine.tokenizer import ChatTemplate, TextTokenizer
+from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,6 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_CONTROL, _USER_DEFINED = 3, 4
-
-
-def _field(reader: GGUFReader, key: str, default: object = None) -> object:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
 
 
 def read_config(reader: GGUFReader) -> LlamaConfig:
@@ -102,35 +96,6 @@ def read_weights(reader: GGUFReader, cfg: LlamaConfig) -> dict[str, torch.Tensor
         if (i + 1) % 40 == 0 or i + 1 == total:
             log.info("loading GGUF weights: %d/%d tensors", i + 1, total)
     return state
-
-
-def read_tokenizer(reader: GGUFReader) -> TextTokenizer:
-    """Byte-level BPE tokenizer, EOS ids and chat template from GGUF metadata."""
-    kind = str(_field(reader, "tokenizer.ggml.model"))
-    if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (only gpt2 byte-level BPE)")
-    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]  # type: ignore[attr-defined]
-    types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))  # type: ignore[call-overload]
-    merges = [tuple(str(m).split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]  # type: ignore[attr-defined]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))  # type: ignore[arg-type]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    specials = [t for t, ty in zip(tokens, types, strict=True) if ty in (_CONTROL, _USER_DEFINED)]
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    eos = int(_field(reader, "tokenizer.ggml.eos_token_id", 0))  # type: ignore[call-overload]
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    template = ChatTemplate(
-        str(_field(reader, "tokenizer.chat_template", "")) or None,
-        bos_token=tokens[int(bos)] if bos is not None else "",  # type: ignore[call-overload]
-        eos_token=tokens[eos],
-    )
-    return TextTokenizer(tok, template, (eos,))
 
 
 def load_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:

@@ -9,39 +9,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from tokenizers import Tokenizer as HFTokenizer
 
+from engine.loader.tokenizers import read_hf_tokenizer as read_tokenizer
 from engine.model.config import LlamaConfig
-from engine.tokenizer import ChatTemplate, TextTokenizer
+from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
-
-
-def _token_text(value: object) -> str:
-    if isinstance(value, dict):
-        return str(value.get("content", ""))
-    return str(value or "")
-
-
-def read_tokenizer(path: Path, cfg_json: dict[str, object]) -> TextTokenizer:
-    """tokenizer.json + tokenizer_config.json (chat template, special tokens)."""
-    tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
-    tc_path = path / "tokenizer_config.json"
-    tc: dict[str, object] = json.loads(tc_path.read_text()) if tc_path.exists() else {}
-    bos, eos = _token_text(tc.get("bos_token")), _token_text(tc.get("eos_token"))
-    eos_ids: list[int] = []
-    raw = cfg_json.get("eos_token_id")
-    if isinstance(raw, int):
-        eos_ids.append(raw)
-    elif isinstance(raw, list):
-        eos_ids.extend(int(x) for x in raw)
-    eos_id = tok.token_to_id(eos) if eos else None
-    if eos_id is not None and eos_id not in eos_ids:
-        eos_ids.append(eos_id)
-    template = tc.get("chat_template")
-    return TextTokenizer(
-        tok, ChatTemplate(template if isinstance(template, str) else None, bos, eos), tuple(eos_ids)
-    )
 
 
 def load_hf_dir(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:

@@ -23,9 +23,10 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.api import AsyncEngineClient, EngineRejected
+from engine.api.convert import PreparedRequest, prepare, rejection_error
+from engine.api.generation import ChoiceDelta, UsageTotals, collect, run_prepared
 from engine.kv.hashing import TenantSalt
-from engine.serving.convert import PreparedRequest, prepare, rejection_error
-from engine.serving.errors import (
+from kvtoll.openai.errors import (
     DEFAULT_MAX_BODY_BYTES,
     SERVER_ERROR,
     OpenAIError,
@@ -33,9 +34,8 @@ from engine.serving.errors import (
     install_error_handlers,
     read_json_body,
 )
-from engine.serving.generation import ChoiceDelta, UsageTotals, collect, run_prepared
-from engine.serving.protocol import OpenAIRequest, parse_request
-from engine.serving.responses import (
+from kvtoll.openai.protocol import OpenAIRequest, parse_request
+from kvtoll.openai.responses import (
     Kind,
     ResponseMeta,
     chat_chunk,
@@ -45,7 +45,7 @@ from engine.serving.responses import (
     usage_chunk,
     usage_dict,
 )
-from engine.serving.sse import (
+from kvtoll.openai.sse import (
     CACHED_TOKENS_HEADER,
     PROMPT_TOKENS_HEADER,
     SSE_DONE,

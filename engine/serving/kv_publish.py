@@ -9,9 +9,8 @@ KV events: stream ``{prefix}kv:{name}``, one entry per engine event with fields
 appended by :class:`RedisEventPublisher` (bounded by MAXLEN) as
 :func:`pump_engine_events` follows the engine's event log.
 
-The router (``proxy.routing``) imports the key names and the announcement format
-from here: one definition for both sides, and the engine package does not depend on
-the proxy.
+The key names and record formats are defined once, in :mod:`engine.api.wire`, which
+the router reads too.
 """
 
 from __future__ import annotations
@@ -20,24 +19,18 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from redis.asyncio import Redis
 
 from engine.api import KVEvent
-
-EventTransport = Literal["http", "redis", "none"]
-DEFAULT_PREFIX = "kvtoll:"
-
-
-def announcement_key(prefix: str, name: str) -> str:
-    """The Redis key a worker called ``name`` announces itself under."""
-    return f"{prefix}workers:{name}"
-
-
-def stream_key(prefix: str, worker_name: str) -> str:
-    """The Redis stream a worker's KV events go to."""
-    return f"{prefix}kv:{worker_name}"
+from engine.api.wire import (
+    DEFAULT_PREFIX,
+    EventTransport,
+    announcement_key,
+    event_fields,
+    stream_key,
+)
 
 
 async def announce(
@@ -56,22 +49,6 @@ async def announce(
     body = {"url": url.rstrip("/"), "kv_events": kv_events, "instance_id": instance_id}
     key = announcement_key(prefix, name or url.rstrip("/"))
     await redis.set(key, json.dumps(body), px=max(1, int(ttl_s * 1000)))
-
-
-def parse_announcement(body: bytes | str | None) -> tuple[str, EventTransport, str | None] | None:
-    """``(url, kv_events, instance_id)`` of an announcement, None if malformed."""
-    if body is None:
-        return None
-    try:
-        data = json.loads(body)
-        url = str(data["url"])
-        transport = data.get("kv_events", "http")
-    except (ValueError, KeyError, TypeError):
-        return None
-    if transport not in ("http", "redis", "none"):
-        transport = "none"
-    instance = data.get("instance_id")
-    return url, transport, str(instance) if instance is not None else None
 
 
 class Heartbeat:
@@ -95,16 +72,6 @@ class Heartbeat:
             name = self._kwargs.get("name") or self._url.rstrip("/")
             with contextlib.suppress(Exception):
                 await self._redis.delete(announcement_key(prefix, name))
-
-
-def event_fields(instance_id: str, event: KVEvent) -> dict[str, str]:
-    """One stream entry's fields."""
-    return {
-        "instance": instance_id,
-        "seq": str(event.seq),
-        "kind": event.kind.value,
-        "hashes": ",".join(h.hex() for h in event.block_hashes),
-    }
 
 
 class RedisEventPublisher:

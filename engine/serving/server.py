@@ -1,55 +1,16 @@
-"""Running an ASGI app under uvicorn: the worker in the foreground (``kvtoll worker``,
-:func:`serve_worker`) or any app on the current event loop in the background (tests,
-benchmarks, an embedded worker: :func:`serve_in_background`).
-"""
+"""``kvtoll worker`` in the foreground: the worker app under uvicorn, announced and
+publishing KV events while it runs (servers are built by :mod:`kvtoll.server`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import uvicorn
-from fastapi import FastAPI
 
 from engine.api import AsyncEngineClient
 from engine.serving.app import WorkerConfig, build_worker_app
 from engine.serving.registration import Registration, run_registration
-
-
-def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
-    """The uvicorn settings every kvtoll server uses (no access log, h11, asyncio)."""
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        loop="asyncio",
-        http="h11",
-        lifespan="off",
-        timeout_graceful_shutdown=5,
-    )
-
-
-@contextlib.asynccontextmanager
-async def serve_in_background(
-    app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
-) -> AsyncIterator[str]:
-    """Serve ``app`` on this event loop; yields its base URL (``port=0``: a free port)."""
-    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("uvicorn stopped before it started")
-            await asyncio.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()
-        yield f"http://{bound[0]}:{bound[1]}"
-    finally:
-        server.should_exit = True
-        await task
+from kvtoll.server import uvicorn_config
 
 
 async def serve_worker(

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from proxy.cli.errors import fail
-from proxy.settings import load_settings
+from kvtoll.cli.errors import fail
+from kvtoll.settings import load_settings
 
 if TYPE_CHECKING:
     from proxy.stack import ServeOptions
@@ -26,7 +26,7 @@ DEFAULT_PORT = 8000
 def _run(host: str, port: int, options: ServeOptions) -> None:
     import uvicorn
 
-    from engine.cli import check_port_free
+    from kvtoll.server import check_port_free
     from proxy.server import server_config
     from proxy.stack import build_stack
 

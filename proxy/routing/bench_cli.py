@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from proxy.cli.errors import fail
+from kvtoll.cli.errors import fail
 from proxy.routing.policy import POLICY_NAMES, make_policy
 from proxy.routing.simulate import SimConfig, simulate
 from proxy.routing.trace import TraceRequest, infinite_cache_hit_rate, load_trace

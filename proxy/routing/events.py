@@ -26,8 +26,8 @@ import httpx
 from redis.asyncio import Redis
 
 from engine.api import KVEvent, KVEventKind
+from engine.api.wire import stream_key
 from engine.kv.hashing import BlockHash
-from engine.serving.kv_publish import stream_key
 from proxy.routing.index import PreciseIndex
 from proxy.routing.registry import WorkerInfo, WorkerRegistry
 from proxy.routing.types import WorkerId

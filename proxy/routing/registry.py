@@ -31,7 +31,7 @@ from typing import Any, Literal
 import httpx
 from redis.asyncio import Redis
 
-from engine.serving.kv_publish import (
+from engine.api.wire import (
     EventTransport,
     announcement_key,
     parse_announcement,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from proxy.cli.errors import fail
+from kvtoll.cli.errors import fail
 
 
 def semantic_command(

@@ -35,7 +35,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.serving.sse import (
+from kvtoll.openai.sse import (
     CACHED_TOKENS_HEADER,
     DONE_SENTINEL,
     PROMPT_TOKENS_HEADER,
@@ -210,7 +210,7 @@ class _StreamReader:
         self.counts: tuple[int, int] | None = None  # (prompt, cached) for the first delta
 
     def read_prompt_headers(self, headers: Mapping[str, str]) -> None:
-        """A kvtoll worker's prompt counts (see ``engine.serving.sse``), for the first
+        """A kvtoll worker's prompt counts (see ``kvtoll.openai.sse``), for the first
         delta; other servers send none."""
         prompt_header = headers.get(PROMPT_TOKENS_HEADER)
         cached_header = headers.get(CACHED_TOKENS_HEADER)

@@ -13,11 +13,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from engine.api import AsyncEngineClient, EngineRejected, Tokenizer
-from engine.serving.convert import PreparedRequest, prepare, rejection_param
-from engine.serving.errors import OpenAIError
-from engine.serving.generation import ChoiceDelta, UsageTotals, run_prepared
-from engine.serving.protocol import parse_request
-from engine.serving.responses import chat_logprobs, completion_logprobs
+from engine.api.convert import PreparedRequest, prepare, rejection_param
+from engine.api.generation import ChoiceDelta, UsageTotals, run_prepared
+from kvtoll.openai.errors import OpenAIError
+from kvtoll.openai.protocol import parse_request
+from kvtoll.openai.responses import chat_logprobs, completion_logprobs
 from proxy.upstream.base import (
     UpstreamDelta,
     UpstreamError,

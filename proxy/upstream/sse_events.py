@@ -5,7 +5,7 @@ from __future__ import annotations
 
 class SseEvents:
     """Server-sent events parsed chunk by chunk, without a generator per line: the
-    ``data`` of each complete event (the rules of ``engine.serving.sse.aiter_sse_data``:
+    ``data`` of each complete event (the rules of ``kvtoll.openai.sse.aiter_sse_data``:
     ``data:`` lines joined with ``\\n``, a blank line ends an event, ``:`` comments and
     other fields ignored). A ``\\n`` byte never occurs inside a multi-byte UTF-8
     character, so each line is decoded whole."""

@@ -165,7 +165,7 @@ def test_cli_on_postgres(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_root_cli_includes_the_billing_groups(cli: CliRunner) -> None:
-    from proxy.cli.main import build_app
+    from kvtoll.cli.main import build_app
 
     app = build_app()
     assert cli.invoke(app, ["db", "upgrade"]).exit_code == 0

@@ -23,6 +23,7 @@ from billing.migrate import (
     downgrade,
     head_revision,
     is_up_to_date,
+    script_location,
     upgrade,
 )
 from billing.models import (
@@ -35,7 +36,6 @@ from billing.models import (
     UsageHourly,
     UsageRecord,
 )
-from migrations.location import script_location
 
 TABLES = {
     "tenants", "api_keys", "prices", "usage_ledger", "usage_hourly", "invoices", "invoice_lines"

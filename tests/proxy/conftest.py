@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
 from billing.migrate import upgrade
-from proxy.settings import Settings, load_settings
+from kvtoll.settings import Settings, load_settings
 from tests.proxy.helpers import ADMIN_TOKEN, Tenants, seed
 from tests.proxy.tcp_proxy import TcpProxy
 

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing import accounts, pricing
 from billing.models import UsageRecord
+from kvtoll.settings import Settings
 from proxy.app import create_app
 from proxy.server import server_config
-from proxy.settings import Settings
 
 MODEL = "test-model"
 ADMIN_TOKEN = "a-long-and-random-admin-token-for-tests"

@@ -10,8 +10,8 @@ import sys
 import uvicorn
 
 from billing.db import make_engine, session_factory
+from kvtoll.settings import load_settings
 from proxy.config import ProxyConfig
-from proxy.settings import load_settings
 from tests.proxy.helpers import ADMIN_TOKEN, build_app
 from tests.proxy.scripted import ScriptedUpstream
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from proxy.settings import Settings, load_settings
+from kvtoll.settings import Settings, load_settings
 from tests.proxy.helpers import ADMIN_TOKEN, MODEL, LiveServer, build_app
 from tests.proxy.scripted import ScriptedUpstream
 

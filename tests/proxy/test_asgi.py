@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from tests.proxy.helpers import MODEL, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 

@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing import accounts
 from billing.keys import generate_key
+from kvtoll.settings import Settings
 from proxy.auth import AuthError, KeyAuthenticator
 from proxy.config import ProxyConfig
-from proxy.settings import Settings
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app
 from tests.proxy.scripted import ScriptedUpstream
 

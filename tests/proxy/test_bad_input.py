@@ -10,8 +10,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from kvtoll.settings import Settings
 from proxy.config import AdmissionLimits, ProxyConfig
-from proxy.settings import Settings
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from tests.proxy.helpers import (
     MODEL,
     LiveServer,

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
+from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
-from proxy.settings import Settings
 from tests.proxy.helpers import (
     MODEL,
     LiveServer,

@@ -14,7 +14,7 @@ from billing.models import RequestStatus
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from proxy.upstream.inprocess import InProcessUpstream
 from tests.proxy.helpers import LiveServer, Tenants, build_app, seed, settled_rows
 

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus, ServedBy
+from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
 from proxy.hooks import SemanticAnswer, SemanticHit, SemanticQuery
-from proxy.settings import Settings
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.serving.errors import OpenAIError, decode_json_body
+from kvtoll.openai.errors import OpenAIError, decode_json_body
 from proxy.intake import decode_json_object, new_request_id
 
 BODIES = [

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus, ServedBy
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 

@@ -11,10 +11,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from sqlalchemy.orm import Session, sessionmaker
 
+from kvtoll.settings import Settings
 from proxy.config import RateLimitDefaults
 from proxy.metrics import ProxyMetrics
 from proxy.ratelimit import KeyLimits, LocalRateLimiter, RedisRateLimiter
-from proxy.settings import Settings
 from tests.proxy.helpers import MODEL, LiveServer, build_app, free_port, seed
 from tests.proxy.scripted import ScriptedUpstream
 

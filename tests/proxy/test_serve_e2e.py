@@ -24,7 +24,7 @@ SYSTEM = "You are a careful assistant for the kvtoll end-to-end tests. " * 3
 
 
 def _kvtoll(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    code = "from proxy.cli.main import main; main()"
+    code = "from kvtoll.cli.main import main; main()"
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -132,7 +132,7 @@ def test_serve_in_front_of_a_worker(
 def test_readme_serve_command_with_the_real_model(
     env: dict[str, str], billing_db: sessionmaker[Session]
 ) -> None:
-    from engine.factory import bundled_model_path
+    from engine.loader.bundled import bundled_model_path
 
     model = bundled_model_path().stem  # the served name: the GGUF file's stem
     tenants = seed(billing_db, model=model)

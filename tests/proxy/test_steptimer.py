@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus
+from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
-from proxy.settings import Settings
 from proxy.steptimer import StepTimer
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream

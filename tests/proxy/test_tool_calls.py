@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.models import RequestStatus
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from proxy.tally import Tally
 from proxy.upstream.base import UpstreamDelta
 from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig

@@ -9,7 +9,7 @@ import time
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from tests.proxy.helpers import ADMIN_TOKEN, MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 

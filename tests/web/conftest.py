@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
 from billing.migrate import upgrade
-from proxy.settings import Settings, load_settings
+from kvtoll.settings import Settings, load_settings
 from tests.web.webseed import ADMIN_TOKEN
 
 

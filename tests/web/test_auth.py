@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import revoke_key
-from proxy.settings import Settings, load_settings
+from kvtoll.settings import Settings, load_settings
 from tests.web.webseed import ADMIN_TOKEN, add_tenant
 from web.app import create_web_app
 from web.auth import ADMIN_COOKIE, TENANT_COOKIE

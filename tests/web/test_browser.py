@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.invoice_export import exact_usd
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from tests.pdf_text import pdf_text
 from tests.web.webseed import (
     ADMIN_TOKEN,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from web.app import create_web_app
 from web.pages import STATIC_DIR, template_environment
 

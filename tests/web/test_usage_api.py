@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
 from billing.money import pico_to_usd
-from proxy.settings import Settings
+from kvtoll.settings import Settings
 from tests.web.webseed import (
     add_prices,
     add_tenant,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from engine.serving.app import build_worker_app
-from engine.serving.server import serve_in_background
+from kvtoll.server import serve_in_background
 from tests.engine.serving.serving_fakes import FakeEngine
 
 pytestmark = pytest.mark.anyio

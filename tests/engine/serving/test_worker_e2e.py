@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import TenantSalt, hash_prompt_blocks
 from engine.serving.app import build_worker_app
-from engine.serving.server import serve_in_background
+from kvtoll.server import serve_in_background
 
 pytestmark = pytest.mark.anyio
 MODEL = "kvtoll-tiny"

@@ -14,7 +14,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.serving.app import build_worker_app
-from engine.serving.server import serve_in_background
+from kvtoll.server import serve_in_background
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SYSTEM = (

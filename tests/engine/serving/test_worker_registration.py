@@ -12,10 +12,10 @@ import pytest
 from redis.asyncio import Redis
 
 from engine.api import GenerationRequest, SamplingParams
+from engine.api.wire import announcement_key, stream_key
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
-from engine.serving.kv_publish import announcement_key, stream_key
 from engine.serving.registration import Registration, run_registration
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]

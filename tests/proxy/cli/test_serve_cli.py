@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from proxy.cli.main import build_app
+from kvtoll.cli.main import build_app
 
 
 @pytest.fixture

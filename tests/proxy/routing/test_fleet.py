@@ -15,16 +15,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
 from billing.migrate import upgrade
+from engine.api.wire import announcement_key
 from engine.async_engine import AsyncEngine
 from engine.config import TINY_MODEL, EngineConfig
 from engine.factory import build_engine
 from engine.serving.app import build_worker_app
-from engine.serving.kv_publish import announce, announcement_key
-from engine.serving.server import serve_in_background
+from engine.serving.kv_publish import announce
+from kvtoll.server import serve_in_background
+from kvtoll.settings import load_settings
 from proxy.app import create_app
 from proxy.routing.hook import RoutingOptions, RoutingStack
 from proxy.routing.registry import RegistryConfig
-from proxy.settings import load_settings
 from tests.proxy.helpers import ADMIN_TOKEN, Tenants, seed
 from tests.proxy.scripted import ScriptedUpstream
 

@@ -16,7 +16,7 @@ from engine.factory import build_engine
 from engine.kv.hashing import BlockHash, TenantSalt
 from engine.serving.app import build_worker_app
 from engine.serving.kv_publish import RedisEventPublisher, pump_engine_events
-from engine.serving.server import serve_in_background
+from kvtoll.server import serve_in_background
 from proxy.routing.events import EventFeeds, HttpEventFeed, RedisEventConsumer
 from proxy.routing.index import PreciseIndex
 from proxy.routing.policy import make_policy

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import TenantSalt
 from engine.serving.app import build_worker_app
-from engine.serving.server import serve_in_background
+from kvtoll.server import serve_in_background
 from proxy.routing.hook import RoutingOptions, RoutingStack
 from proxy.routing.registry import RegistryConfig
 from proxy.routing.types import WorkerId

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from engine.serving.sse import aiter_byte_lines, aiter_sse_data
+from kvtoll.openai.sse import aiter_byte_lines, aiter_sse_data
 from proxy.upstream.sse_events import SseEvents
 
 STREAM = (

@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from engine.serving.app import build_worker_app
-from engine.serving.server import serve_in_background
+from kvtoll.server import serve_in_background
 from proxy.upstream.base import (
     UpstreamDelta,
     UpstreamError,

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.serving.sse import SSE_DONE, aiter_byte_lines, aiter_sse_data, sse_event
+from kvtoll.openai.sse import SSE_DONE, aiter_byte_lines, aiter_sse_data, sse_event
 
 pytestmark = pytest.mark.anyio
 

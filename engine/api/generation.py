@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 import anyio
 
 from engine.api import AsyncEngineClient, GenerationChunk, GenerationRequest, Tokenizer
-from engine.serving.convert import PreparedRequest
-from engine.serving.responses import ChoiceResult, LogprobEntry
+from engine.api.convert import PreparedRequest
+from kvtoll.openai.responses import ChoiceResult, LogprobEntry
 
 
 @dataclass(frozen=True)

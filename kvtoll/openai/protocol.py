@@ -3,7 +3,7 @@
 Shared by the worker server and the proxy. The models check the *shape* of a
 request as OpenAI documents it (types are strict: ``"0.5"`` is not a number, ``1``
 is not ``true``); what a particular engine supports (context length, ``n`` cap,
-penalties...) is checked later, by :mod:`engine.serving.convert` on a worker.
+penalties...) is checked later, by :mod:`engine.api.convert` on a worker.
 
 Policy on fields:
 
@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from engine.serving.errors import OpenAIError, validation_error
+from kvtoll.openai.errors import OpenAIError, validation_error
 
 MAX_N = 128
 MAX_STOP_SEQUENCES = 16

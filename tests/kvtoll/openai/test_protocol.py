@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from engine.serving.errors import OpenAIError, decode_json_body, format_loc
-from engine.serving.protocol import (
+from kvtoll.openai.errors import OpenAIError, decode_json_body, format_loc
+from kvtoll.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_chat_request,

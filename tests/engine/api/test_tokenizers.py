@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from engine.api.convert import prepare
+from engine.api.tokenizers import worker_tokenizer
 from engine.config import TINY_MODEL
-from engine.factory import bundled_model_path
 from engine.kv.hashing import TenantSalt
-from engine.serving.convert import prepare
-from engine.serving.protocol import parse_request
+from engine.loader.bundled import bundled_model_path
 from engine.tokenizer import ByteTokenizer
+from kvtoll.openai.protocol import parse_request
 from proxy.prompt import PromptCounter
-from proxy.worker_tokenizer import worker_tokenizer
 
 REQUESTS = [
     ("completion", {"model": "m", "prompt": "a text prompt"}),

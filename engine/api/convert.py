@@ -24,8 +24,8 @@ from jinja2 import TemplateError
 
 from engine.api import EngineRejected, SamplingParams, Tokenizer
 from engine.kv.hashing import TenantSalt
-from engine.serving.errors import OpenAIError
-from engine.serving.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from kvtoll.openai.errors import OpenAIError
+from kvtoll.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 _TEMPLATE_ROLES = {"developer": "system"}

@@ -11,6 +11,9 @@ from typing import Protocol
 
 from engine.kv.hashing import BlockHash, TenantSalt
 
+# The random-initialised test model's name (``EngineConfig.tiny()``; byte tokenizer).
+TINY_MODEL = "kvtoll-tiny"
+
 
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS, a stop token id or a stop string

@@ -1,4 +1,4 @@
-"""The workers' tokenizer, loaded by the gateway in front of remote workers.
+"""The workers' tokenizer, for a gateway in front of remote workers (no weights, no torch).
 
 The prefix router can only match a worker's KV events if it hashes the very token
 ids the worker's engine cached; for text and chat prompts that needs the workers'
@@ -21,9 +21,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.api import Tokenizer
-from engine.config import TINY_MODEL
-from engine.factory import bundled_model_path
+from gguf import GGUFReader
+
+from engine.api import TINY_MODEL, Tokenizer
+from engine.loader.bundled import bundled_model_path
+from engine.loader.tokenizers import read_gguf_tokenizer, read_hf_tokenizer
 from engine.tokenizer import ByteTokenizer
 
 AUTO = "auto"
@@ -34,17 +36,11 @@ def tokenizer_from_path(path: Path) -> Tokenizer:
     """The tokenizer of a GGUF file or a safetensors/HF directory (``ValueError`` if
     neither)."""
     if path.is_dir():
-        from engine.loader.hf_loader import read_tokenizer as read_hf
-
         config = path / "config.json"
         cfg = json.loads(config.read_text()) if config.exists() else {}
-        return read_hf(path, cfg)
+        return read_hf_tokenizer(path, cfg)
     if path.suffix == ".gguf" and path.is_file():
-        from gguf import GGUFReader
-
-        from engine.loader.gguf_loader import read_tokenizer as read_gguf
-
-        return read_gguf(GGUFReader(str(path)))
+        return read_gguf_tokenizer(GGUFReader(str(path)))
     raise ValueError(f"--tokenizer: {path} is neither a .gguf file nor a model directory")
 
 

@@ -1,0 +1,79 @@
+"""Root of the ``kvtoll`` CLI: a command's group is imported only when it runs.
+
+Every group lives beside the code it drives and exposes ``register(app)``, which adds
+its commands to the root Typer app. The root knows each command only by name, module
+and one-line help (:data:`COMMANDS`): ``kvtoll --help`` imports none of them, and
+``kvtoll tenant list`` imports billing alone, so neither pays for torch, the engine or
+the gateway. Caller mistakes print one ``error:`` line and exit 2
+(:func:`kvtoll.cli.errors.fail`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import typer
+
+
+@dataclass(frozen=True)
+class LazyCommand:
+    """A top-level command: the module whose ``register(app)`` adds it, and its help."""
+
+    module: str
+    help: str
+
+
+COMMANDS: dict[str, LazyCommand] = {
+    "serve": LazyCommand("proxy.cli.serve", "Run the gateway (without --worker, with an engine)."),
+    "worker": LazyCommand("engine.cli", "Run an engine worker: the OpenAI API over one engine."),
+    "db": LazyCommand("billing.cli", "Database schema migrations."),
+    "tenant": LazyCommand("billing.cli", "Create and list tenants; set their policy."),
+    "key": LazyCommand("billing.cli", "Create, list and revoke API keys."),
+    "price": LazyCommand("billing.cli", "Prices per model (USD per 1M tokens)."),
+    "invoice": LazyCommand("billing.invoice_cli", "Close billing periods and export invoices."),
+    "bench": LazyCommand("proxy.cli.bench", "Benchmarks (print JSON figures)."),
+}
+
+
+def _requested(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (the root takes no options but ``--help``)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _listed_only(name: str, help_text: str) -> Callable[[], None]:
+    """A stand-in that only lists ``name`` in the root's help; never invoked, since the
+    command line that names it loads the real command instead."""
+
+    def stand_in() -> None:
+        raise RuntimeError(f"kvtoll {name} was not loaded")
+
+    stand_in.__doc__ = help_text
+    return stand_in
+
+
+def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
+    """The root CLI. With ``argv``, only the module of the command it names is imported
+    (the others are listed by name and help); without, every command is loaded."""
+    app = typer.Typer(
+        name="kvtoll",
+        help="Multi-tenant LLM gateway with semantic, prefix and paged-KV caching.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    wanted = None if argv is None else _requested(argv)
+    modules = {entry.module for name, entry in COMMANDS.items() if argv is None or name == wanted}
+    for module in dict.fromkeys(entry.module for entry in COMMANDS.values()):
+        if module in modules:
+            importlib.import_module(module).register(app)
+    for name, entry in COMMANDS.items():
+        if entry.module not in modules:
+            app.command(name, help=entry.help)(_listed_only(name, entry.help))
+    return app
+
+
+def main() -> None:
+    build_app(sys.argv[1:])(prog_name="kvtoll")

@@ -1,0 +1,68 @@
+"""Building servers: every kvtoll HTTP server (gateway, worker, tests' and benchmarks'
+background servers) runs under uvicorn with the settings of :func:`uvicorn_config`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``ValueError`` if ``host:port`` cannot be bound (in use, bad address)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve --host {host!r}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            why = "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
+
+
+def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    """The uvicorn settings every kvtoll server uses (no access log, h11, asyncio)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        loop="asyncio",
+        http="h11",
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+
+
+@contextlib.asynccontextmanager
+async def serve_in_background(
+    app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+) -> AsyncIterator[str]:
+    """Serve ``app`` on this event loop; yields its base URL (``port=0``: a free port)."""
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("uvicorn stopped before it started")
+            await asyncio.sleep(0.01)
+        bound = server.servers[0].sockets[0].getsockname()
+        yield f"http://{bound[0]}:{bound[1]}"
+    finally:
+        server.should_exit = True
+        await task
+
+
