@@ -11,20 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TypeVar
 
 import typer
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from billing import accounts, migrate, pricing
+from billing import accounts, pricing
 from billing.db import make_engine, session_factory
 from billing.errors import BillingError
 from billing.models import Price
 from billing.money import ppm_to_fraction, price_per_1m_usd
+from billing.schema import schema_problem, sqlite_file_missing
 from kvtoll.cli.errors import fail
 from kvtoll.settings import load_settings
 
@@ -40,25 +39,10 @@ def _database_url() -> str:
     return load_settings().database_url
 
 
-def _sqlite_file_missing(url: str) -> bool:
-    parsed = make_url(url)
-    database = parsed.database or ""
-    return (
-        parsed.get_backend_name() == "sqlite"
-        and database not in ("", ":memory:")
-        and not Path(database).exists()
-    )
-
-
 def _require_schema(url: str, engine: Engine) -> None:
-    if _sqlite_file_missing(url):
-        fail("database does not exist yet: run `kvtoll db upgrade` first")
-    from alembic.runtime.migration import MigrationContext
-
-    with engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
-    if current != migrate.head_revision():
-        fail(f"database schema is at {current or 'nothing'}: run `kvtoll db upgrade` first")
+    problem = schema_problem(url, engine)
+    if problem:
+        fail(problem)
 
 
 @contextmanager
@@ -121,6 +105,8 @@ def _db_group() -> typer.Typer:
     @group.command("upgrade")
     def upgrade(revision: str = typer.Option("head", help="Target revision.")) -> None:
         """Create or migrate the schema (KVTOLL_DATABASE_URL) up to REVISION."""
+        from billing import migrate
+
         _run_migration(migrate.upgrade, revision)
         typer.echo(f"database at {migrate.current_revision(_database_url())}")
 
@@ -132,14 +118,18 @@ def _db_group() -> typer.Typer:
         """Migrate the schema down to REVISION (default: base, dropping all billing data)."""
         if not yes:
             fail("downgrade drops data: pass --yes to confirm")
+        from billing import migrate
+
         _run_migration(migrate.downgrade, revision)
         typer.echo(f"database at {migrate.current_revision(_database_url()) or 'base'}")
 
     @group.command("current")
     def current() -> None:
         """Print the schema revision of the database and the newest one available."""
+        from billing import migrate
+
         url = _database_url()
-        revision = None if _sqlite_file_missing(url) else migrate.current_revision(url)
+        revision = None if sqlite_file_missing(url) else migrate.current_revision(url)
         typer.echo(f"current {revision or 'base'} head {migrate.head_revision()}")
 
     return group

@@ -15,40 +15,29 @@ from pathlib import Path
 
 import typer
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from billing import migrate
 from billing.accounts import require_tenant
 from billing.db import make_engine, session_factory
 from billing.errors import BillingError
 from billing.invoice_export import ExportFormat, exact_usd, load_document, render
 from billing.invoices import close_period, list_invoices, parse_period, tenants_to_invoice
 from billing.models import Invoice, Tenant
+from billing.schema import schema_problem
 from kvtoll.cli.errors import fail
 from kvtoll.settings import load_settings
-
-
-def _check_schema(url: str) -> None:
-    parsed = make_url(url)
-    file = parsed.database or ""
-    if parsed.get_backend_name() == "sqlite" and file != ":memory:" and not Path(file).exists():
-        fail("database does not exist yet: run `kvtoll db upgrade` first")
-    if not migrate.is_up_to_date(url):
-        fail("database schema is not up to date: run `kvtoll db upgrade` first")
 
 
 @contextmanager
 def _session() -> Iterator[Session]:
     """A session on the configured database; database errors become one line, exit 2."""
     url = load_settings().database_url
+    engine = make_engine(url)
     try:
-        _check_schema(url)
-        engine = make_engine(url)
-    except SQLAlchemyError as exc:
-        fail(f"database error: {str(getattr(exc, 'orig', None) or exc).splitlines()[0]}")
-    try:
+        problem = schema_problem(url, engine)
+        if problem:
+            fail(problem)
         with session_factory(engine)() as session:
             yield session
     except SQLAlchemyError as exc:

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing import migrate
 from billing.accounts import get_tenant_by_name
 from billing.db import make_engine, session_factory
+from billing.schema import SCHEMA_REVISION, schema_revision
 from engine.api import Tokenizer
 from kvtoll.settings import Settings
 from proxy.app import Resource, create_app
@@ -88,13 +89,15 @@ def prepare_database(url: str) -> sessionmaker[Session]:
     try:
         if make_url(url).get_backend_name() == "sqlite":
             migrate.upgrade(url)
-        elif migrate.current_revision(url) != migrate.head_revision():
+        engine = make_engine(url)
+        if schema_revision(engine) != SCHEMA_REVISION:
+            engine.dispose()
             raise StackError("the billing database is not migrated: run `kvtoll db upgrade`")
     except StackError:
         raise
     except Exception as exc:
         raise StackError(f"cannot use the database {url!r}: {str(exc).splitlines()[0]}") from exc
-    return session_factory(make_engine(url))
+    return session_factory(engine)
 
 
 def worker_models(urls: tuple[str, ...]) -> list[str]:

@@ -214,3 +214,25 @@ def test_0002_backfills_the_rollup_in_utc_and_writes_continue_it(db_url: str) ->
         count = conn.execute(select(func.count()).select_from(UsageRecord)).scalar()
     engine.dispose()
     assert count == len(rows) + 1
+
+
+def test_the_models_name_the_newest_migration() -> None:
+    from billing.migrate import head_revision
+    from billing.schema import SCHEMA_REVISION
+
+    assert head_revision() == SCHEMA_REVISION
+
+
+def test_schema_problem_reads_the_revision(tmp_path: Path) -> None:
+    from billing.db import make_engine
+    from billing.migrate import downgrade, upgrade
+    from billing.schema import schema_problem
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    engine = make_engine(url)
+    assert "does not exist yet" in (schema_problem(url, engine) or "")
+    upgrade(url)
+    assert schema_problem(url, engine) is None
+    downgrade(url, "0001")
+    assert "schema is at 0001" in (schema_problem(url, engine) or "")
+    engine.dispose()
