@@ -104,7 +104,7 @@ class Scheduler:
             if not self.kv.allocate_slots(seq, n, prefix):
                 return
             self.waiting.popleft()
-            if seq.num_cached_tokens < 0:
+            if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = len(prefix) * self.kv.block_size
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)

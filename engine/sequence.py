@@ -49,7 +49,7 @@ class Sequence:
     generator: torch.Generator | None = None
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0
-    num_cached_tokens: int = -1  # -1 until the first admission looked the prefix up
+    num_cached_tokens: int | None = None  # None until the first admission looked it up
     block_hashes: list[BlockHash] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
