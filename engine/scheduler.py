@@ -100,7 +100,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
-            n = min(seq.num_tokens - len(prefix) * self.kv.block_size, budget)
+            start = seq.num_computed_tokens + len(prefix) * self.kv.block_size
+            n = min(seq.num_tokens - start, budget)
             if not self.kv.allocate_slots(seq, n, prefix):
                 return
             self.waiting.popleft()
@@ -108,7 +109,7 @@ class Scheduler:
                 seq.num_cached_tokens = len(prefix) * self.kv.block_size
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            scheduled.append(ScheduledSeq(seq, start, n))
             budget -= n
 
     def _preempt(self, seq: Sequence) -> None:
