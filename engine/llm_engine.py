@@ -17,6 +17,7 @@ from engine.api import (
     GenerationRequest,
     KVEvent,
     Tokenizer,
+    TokenLogprob,
 )
 from engine.kv.kv_manager import KVCacheManager
 from engine.output import OutputProcessor
@@ -127,30 +128,27 @@ class LLMEngine:
         return self.execute(self.scheduler.schedule())
 
     def execute(self, out: SchedulerOutput) -> list[GenerationChunk]:
-        """Run a batch the scheduler picked: model, sampling, finish checks, caching."""
+        """Run a batch the scheduler picked: model, sampling, finish checks; then the
+        scheduler accounts for the step (progress, prefix caching, freeing)."""
         self.num_preemptions += len(out.preempted)
         if not out.scheduled:
             return []
         self.num_steps += 1
-        batch = [self._runner_seq(s) for s in out.scheduled]
-        logits = self.runner.execute(batch)
-        done = [s for s in out.scheduled if s.completes]
-        for s in out.scheduled:
-            s.seq.num_computed_tokens = s.start + s.num_new_tokens
+        logits = self.runner.execute([self._runner_seq(s) for s in out.scheduled])
+        completing = out.completing
         tokens, logprobs = sample_batch(
-            logits, [s.seq.sampling for s in done], [s.seq.generator for s in done]
+            logits, [s.sampling for s in completing], [s.generator for s in completing]
         )
         chunks: list[GenerationChunk] = []
-        for s, tok, lp in zip(done, tokens, logprobs, strict=True):
-            chunk = self._append_token(s.seq, tok, lp)
+        for seq, tok, lp in zip(completing, tokens, logprobs, strict=True):
+            chunk = self._append_token(seq, tok, lp)
             if chunk is not None:
                 chunks.append(chunk)
-        for s in out.scheduled:
-            if not s.seq.is_finished:
-                self.kv.cache_full_blocks(s.seq)
-        for s in done:  # a choice 0 that has just computed its prompt releases the others
-            if s.seq.index == 0 and s.seq.request_id in self._deferred:
-                self.scheduler.add_first(self._deferred.pop(s.seq.request_id))
+        self.scheduler.update_from_output(out)
+        self._forget_finished(completing)
+        for seq in completing:  # a choice 0 that has just computed its prompt releases the others
+            if seq.index == 0 and seq.request_id in self._deferred:
+                self.scheduler.add_first(self._deferred.pop(seq.request_id))
         return chunks
 
     def _runner_seq(self, s: ScheduledSeq) -> RunnerSeq:
@@ -162,18 +160,20 @@ class LLMEngine:
             needs_logits=s.completes,
         )
 
-    def _append_token(self, seq: Sequence, tok: int, lp: object) -> GenerationChunk | None:
+    def _append_token(
+        self, seq: Sequence, tok: int, lp: TokenLogprob | None
+    ) -> GenerationChunk | None:
+        """The sampled token joins the sequence; the finish check and the chunk to emit."""
         seq.token_ids.append(tok)
         if lp is not None:
-            seq.logprobs.append(lp)  # type: ignore[arg-type]
-        chunk = self.outputs.process(seq, seq.num_prompt_tokens)
-        if seq.finish_reason is not None:
-            self.kv.cache_full_blocks(seq)
-            self.scheduler.finish(seq)
-            seqs = self._requests.get(seq.request_id, [])
-            if all(s.is_finished for s in seqs):
+            seq.logprobs.append(lp)
+        return self.outputs.process(seq, seq.num_prompt_tokens)
+
+    def _forget_finished(self, seqs: tuple[Sequence, ...]) -> None:
+        for seq in seqs:
+            choices = self._requests.get(seq.request_id, [])
+            if seq.is_finished and all(s.is_finished for s in choices):
                 self._requests.pop(seq.request_id, None)
-        return chunk
 
     def load(self) -> EngineLoad:
         """Queue lengths and free/total KV blocks."""

@@ -14,6 +14,10 @@ Policy, each step, with a token budget of ``max_num_batched_tokens``:
 
 Progress is guaranteed: admission guarantees every sequence fits in an empty cache,
 and the oldest running sequence can always preempt everyone younger.
+
+The scheduler is the only writer of a sequence's progress (``num_computed_tokens``):
+:meth:`Scheduler.update_from_output` advances it after a step ran, and preemption
+resets it. Neither the KV manager, the runner nor the engine writes it.
 """
 
 from __future__ import annotations
@@ -27,20 +31,23 @@ from engine.sequence import SeqStatus, Sequence
 
 @dataclass(frozen=True)
 class ScheduledSeq:
-    seq: Sequence
-    start: int  # tokens already in the KV cache before this step
-    num_new_tokens: int
+    """One sequence's share of a step, fixed when the step is scheduled."""
 
-    @property
-    def completes(self) -> bool:
-        """After this step all of the sequence's tokens are computed: sample one."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+    seq: Sequence
+    start: int  # tokens already in the KV cache before this step (a prefix hit included)
+    num_new_tokens: int
+    completes: bool  # after this step all of its tokens are computed: it samples one
 
 
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: tuple[ScheduledSeq, ...]
     preempted: tuple[Sequence, ...]
+
+    @property
+    def completing(self) -> tuple[Sequence, ...]:
+        """The sequences that sample a token in this step, in batch order."""
+        return tuple(s.seq for s in self.scheduled if s.completes)
 
 
 class Scheduler:
@@ -89,9 +96,8 @@ class Scheduler:
                 preempted.append(victim)
                 if victim is seq:
                     return budget
-            start = seq.num_computed_tokens
             self.kv.allocate_slots(seq, n)
-            scheduled.append(ScheduledSeq(seq, start, n))
+            scheduled.append(self._scheduled(seq, seq.num_computed_tokens, n))
             budget -= n
             idx += 1
         return budget
@@ -109,13 +115,42 @@ class Scheduler:
                 seq.num_cached_tokens = len(prefix) * self.kv.block_size
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, start, n))
+            scheduled.append(self._scheduled(seq, start, n))
             budget -= n
 
+    @staticmethod
+    def _scheduled(seq: Sequence, start: int, n: int) -> ScheduledSeq:
+        return ScheduledSeq(seq, start, n, completes=start + n == seq.num_tokens)
+
     def _preempt(self, seq: Sequence) -> None:
+        """Free the blocks and forget the progress: prompt and outputs so far are
+        re-prefilled when the sequence is admitted again."""
         self.kv.free(seq)
-        seq.reset_for_recompute()
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """Account for a step that ran: the only place progress advances.
+
+        Call after the engine appended each completing sequence's sampled token and
+        decided whether it finished (``finish_reason``). Each scheduled sequence's
+        ``num_computed_tokens`` becomes ``start + num_new_tokens``; finished ones
+        register their full blocks in the prefix cache and release them, then the
+        others register their newly full blocks.
+        """
+        for s in out.scheduled:
+            if s.seq.num_computed_tokens > s.start:
+                raise RuntimeError(f"seq {s.seq.seq_id}: progress moved outside the scheduler")
+            s.seq.num_computed_tokens = s.start + s.num_new_tokens
+        for seq in out.completing:
+            if seq.finish_reason is not None:
+                self.kv.cache_full_blocks(seq)
+                self.finish(seq)
+        for s in out.scheduled:
+            if not s.seq.is_finished:
+                self.kv.cache_full_blocks(s.seq)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks."""

@@ -2,8 +2,9 @@
 
 A :class:`GenerationRequest` with ``n`` choices becomes ``n`` :class:`Sequence`
 objects sharing the prompt; each has its own seeded generator and detokenizer.
-The scheduler and KV manager read and advance these; nothing here holds tensors
-besides the per-choice ``torch.Generator``.
+The scheduler alone writes progress (``num_computed_tokens``, status, preemptions);
+the engine appends sampled tokens and output state; the KV manager only reads.
+Nothing here holds tensors besides the per-choice ``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -75,9 +76,3 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
-
-    def reset_for_recompute(self) -> None:
-        """Preempted: forget the KV state; prompt and outputs so far are re-prefilled."""
-        self.num_computed_tokens = 0
-        self.status = SeqStatus.WAITING
-        self.num_preemptions += 1
