@@ -1,6 +1,8 @@
 """Continuous batching with chunked prefill and preemption by recompute.
 
-Policy, each step, with a token budget of ``max_num_batched_tokens``:
+A request enters through :meth:`Scheduler.add_request`, which splits it into its
+choices (:mod:`engine.fanout`: choice 0 queues now, the others once it has computed
+the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens``:
 
 1. Running sequences, oldest first, each get ``min(uncomputed tokens, budget left)``
    tokens: 1 for a decode, a chunk for an unfinished prefill. If the KV pool cannot
@@ -25,6 +27,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.api import GenerationRequest
+from engine.fanout import FanOut
 from engine.kv.kv_manager import KVCacheManager
 from engine.sequence import SeqStatus, Sequence
 
@@ -59,18 +63,15 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.fan_out = FanOut()
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence at the tail of the waiting queue."""
-        seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
-
-    def add_first(self, seqs: list[Sequence]) -> None:
-        """Queue ``seqs`` at the head of the waiting queue, in order (they arrived with
-        a sequence that is already running)."""
-        for seq in reversed(seqs):
-            seq.status = SeqStatus.WAITING
-            self.waiting.appendleft(seq)
+    def add_request(self, request: GenerationRequest) -> list[Sequence]:
+        """All of the request's choices; choice 0 joins the tail of the waiting queue,
+        the others are held until it has computed the prompt (:mod:`engine.fanout`)."""
+        choices = self.fan_out.split(request)
+        choices[0].status = SeqStatus.WAITING
+        self.waiting.append(choices[0])
+        return choices
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -138,7 +139,8 @@ class Scheduler:
         decided whether it finished (``finish_reason``). Each scheduled sequence's
         ``num_computed_tokens`` becomes ``start + num_new_tokens``; finished ones
         register their full blocks in the prefix cache and release them, then the
-        others register their newly full blocks.
+        others register their newly full blocks; held choices of a sequence that has
+        just computed its prompt join the waiting queue.
         """
         for s in out.scheduled:
             if s.seq.num_computed_tokens > s.start:
@@ -151,12 +153,24 @@ class Scheduler:
         for s in out.scheduled:
             if not s.seq.is_finished:
                 self.kv.cache_full_blocks(s.seq)
+        for seq in out.completing:
+            self._release_held(seq)
+
+    def _release_held(self, seq: Sequence) -> None:
+        """``seq`` has computed its prompt: its held sibling choices join the head of the
+        waiting queue, in order."""
+        for held in reversed(self.fan_out.release(seq)):
+            held.status = SeqStatus.WAITING
+            self.waiting.appendleft(held)
 
     def finish(self, seq: Sequence) -> None:
-        """Remove a finished or aborted sequence and free its blocks."""
+        """Remove a finished or aborted sequence (running, waiting or held) and free its
+        blocks."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        else:
+            self.fan_out.drop(seq)
         self.kv.free(seq)
         seq.status = SeqStatus.FINISHED

@@ -1,10 +1,11 @@
 """Per-choice bookkeeping: tokens, progress through prefill, status, outputs.
 
 A :class:`GenerationRequest` with ``n`` choices becomes ``n`` :class:`Sequence`
-objects sharing the prompt; each has its own seeded generator and detokenizer.
-The scheduler alone writes progress (``num_computed_tokens``, status, preemptions);
-the engine appends sampled tokens and output state; the KV manager only reads.
-Nothing here holds tensors besides the per-choice ``torch.Generator``.
+objects sharing the prompt (:mod:`engine.fanout`); each has its own seeded generator
+and detokenizer. The scheduler alone writes progress (``num_computed_tokens``,
+status, preemptions); the engine appends sampled tokens and output state; the KV
+manager only reads. Nothing here holds tensors besides the per-choice
+``torch.Generator``.
 """
 
 from __future__ import annotations
