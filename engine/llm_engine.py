@@ -1,13 +1,14 @@
 """Synchronous engine: add requests, call :meth:`LLMEngine.step` until done.
 
-One step = schedule -> run the model on the batch -> sample -> finish checks ->
-register newly full blocks in the prefix cache -> free finished sequences. Not
-thread-safe: :class:`engine.async_engine.AsyncEngine` drives it from one thread.
+One step = schedule -> run the model on the batch -> sample -> append the tokens and
+check for finishes -> the scheduler accounts for the step (advances progress, registers
+newly full blocks in the prefix cache, frees finished sequences, releases held
+choices). Not thread-safe: :class:`engine.async_engine.AsyncEngine` drives it from one
+thread.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 from engine.api import (
@@ -17,11 +18,12 @@ from engine.api import (
     GenerationRequest,
     KVEvent,
     Tokenizer,
+    TokenLogprob,
 )
 from engine.kv.kv_manager import KVCacheManager
 from engine.output import OutputProcessor
 from engine.runner import ModelRunner, RunnerSeq
-from engine.sampling import make_generator, sample_batch
+from engine.sampling import sample_batch
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.validation import Limits, validate_request
@@ -49,11 +51,6 @@ class LLMEngine:
         self.limits = limits
         self.outputs = OutputProcessor(tokenizer, limits.max_model_len)
         self._requests: dict[str, list[Sequence]] = {}
-        # Choices 1..n-1 of a request, held back until choice 0 has computed the prompt
-        # (see add_request).
-        self._deferred: dict[str, list[Sequence]] = {}
-        self._seq_ids = itertools.count()
-        self._arrivals = itertools.count()
         self.num_preemptions = 0  # total, for tests and metrics
         self.num_steps = 0
 
@@ -70,41 +67,16 @@ class LLMEngine:
         validate_request(request, self.limits)
 
     def add_request(self, request: GenerationRequest) -> None:
-        """Validate and queue a request (one sequence per choice).
-
-        With ``n > 1`` only choice 0 is queued at first; the other choices join the head
-        of the waiting queue in the step where choice 0 has computed the whole prompt,
-        so they start from its cached prompt blocks instead of each prefilling the same
-        prompt (every choice still samples its first token from its own computation of
-        the last, partial block).
-        """
+        """Validate and queue a request: the scheduler splits it into its ``n`` choices
+        (see :mod:`engine.fanout` for how choices after the first share the prompt)."""
         self.validate(request)
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
-        arrival = next(self._arrivals)
-        seqs = [
-            Sequence(
-                seq_id=next(self._seq_ids),
-                request_id=request.request_id,
-                index=i,
-                token_ids=list(request.prompt_token_ids),
-                num_prompt_tokens=len(request.prompt_token_ids),
-                sampling=request.sampling,
-                salt=request.salt,
-                arrival=arrival,
-                generator=make_generator(request.sampling, i),
-            )
-            for i in range(request.sampling.n)
-        ]
-        self._requests[request.request_id] = seqs
-        self.scheduler.add(seqs[0])
-        if len(seqs) > 1:
-            self._deferred[request.request_id] = seqs[1:]
+        self._requests[request.request_id] = self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> list[GenerationChunk]:
         """Stop a request now and free its blocks; the final ``abort`` chunks."""
         chunks: list[GenerationChunk] = []
-        self._deferred.pop(request_id, None)
         for seq in self._requests.pop(request_id, []):
             if seq.is_finished:
                 continue
@@ -127,30 +99,24 @@ class LLMEngine:
         return self.execute(self.scheduler.schedule())
 
     def execute(self, out: SchedulerOutput) -> list[GenerationChunk]:
-        """Run a batch the scheduler picked: model, sampling, finish checks, caching."""
+        """Run a batch the scheduler picked: model, sampling, finish checks; then the
+        scheduler accounts for the step (progress, prefix caching, freeing)."""
         self.num_preemptions += len(out.preempted)
         if not out.scheduled:
             return []
         self.num_steps += 1
-        batch = [self._runner_seq(s) for s in out.scheduled]
-        logits = self.runner.execute(batch)
-        done = [s for s in out.scheduled if s.completes]
-        for s in out.scheduled:
-            s.seq.num_computed_tokens = s.start + s.num_new_tokens
+        logits = self.runner.execute([self._runner_seq(s) for s in out.scheduled])
+        completing = out.completing
         tokens, logprobs = sample_batch(
-            logits, [s.seq.sampling for s in done], [s.seq.generator for s in done]
+            logits, [s.sampling for s in completing], [s.generator for s in completing]
         )
         chunks: list[GenerationChunk] = []
-        for s, tok, lp in zip(done, tokens, logprobs, strict=True):
-            chunk = self._append_token(s.seq, tok, lp)
+        for seq, tok, lp in zip(completing, tokens, logprobs, strict=True):
+            chunk = self._append_token(seq, tok, lp)
             if chunk is not None:
                 chunks.append(chunk)
-        for s in out.scheduled:
-            if not s.seq.is_finished:
-                self.kv.cache_full_blocks(s.seq)
-        for s in done:  # a choice 0 that has just computed its prompt releases the others
-            if s.seq.index == 0 and s.seq.request_id in self._deferred:
-                self.scheduler.add_first(self._deferred.pop(s.seq.request_id))
+        self.scheduler.update_from_output(out)
+        self._forget_finished(completing)
         return chunks
 
     def _runner_seq(self, s: ScheduledSeq) -> RunnerSeq:
@@ -162,18 +128,20 @@ class LLMEngine:
             needs_logits=s.completes,
         )
 
-    def _append_token(self, seq: Sequence, tok: int, lp: object) -> GenerationChunk | None:
+    def _append_token(
+        self, seq: Sequence, tok: int, lp: TokenLogprob | None
+    ) -> GenerationChunk | None:
+        """The sampled token joins the sequence; the finish check and the chunk to emit."""
         seq.token_ids.append(tok)
         if lp is not None:
-            seq.logprobs.append(lp)  # type: ignore[arg-type]
-        chunk = self.outputs.process(seq, seq.num_prompt_tokens)
-        if seq.finish_reason is not None:
-            self.kv.cache_full_blocks(seq)
-            self.scheduler.finish(seq)
-            seqs = self._requests.get(seq.request_id, [])
-            if all(s.is_finished for s in seqs):
+            seq.logprobs.append(lp)
+        return self.outputs.process(seq, seq.num_prompt_tokens)
+
+    def _forget_finished(self, seqs: tuple[Sequence, ...]) -> None:
+        for seq in seqs:
+            choices = self._requests.get(seq.request_id, [])
+            if seq.is_finished and all(s.is_finished for s in choices):
                 self._requests.pop(seq.request_id, None)
-        return chunk
 
     def load(self) -> EngineLoad:
         """Queue lengths and free/total KV blocks."""

@@ -84,7 +84,7 @@ class OutputProcessor:
             text=new_text,
             finish_reason=seq.finish_reason,
             prompt_tokens=prompt_tokens,
-            cached_tokens=max(seq.num_cached_tokens, 0),
+            cached_tokens=seq.num_cached_tokens or 0,
             completion_tokens=seq.num_output_tokens,
             logprobs=new_logprobs,
         )

@@ -1,9 +1,11 @@
 """Per-choice bookkeeping: tokens, progress through prefill, status, outputs.
 
 A :class:`GenerationRequest` with ``n`` choices becomes ``n`` :class:`Sequence`
-objects sharing the prompt; each has its own seeded generator and detokenizer.
-The scheduler and KV manager read and advance these; nothing here holds tensors
-besides the per-choice ``torch.Generator``.
+objects sharing the prompt (:mod:`engine.fanout`); each has its own seeded generator
+and detokenizer. The scheduler alone writes progress (``num_computed_tokens``,
+status, preemptions); the engine appends sampled tokens and output state; the KV
+manager only reads. Nothing here holds tensors besides the per-choice
+``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Sequence:
     generator: torch.Generator | None = None
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0
-    num_cached_tokens: int = -1  # -1 until the first admission looked the prefix up
+    num_cached_tokens: int | None = None  # None until the first admission looked it up
     block_hashes: list[BlockHash] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -75,9 +77,3 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
-
-    def reset_for_recompute(self) -> None:
-        """Preempted: forget the KV state; prompt and outputs so far are re-prefilled."""
-        self.num_computed_tokens = 0
-        self.status = SeqStatus.WAITING
-        self.num_preemptions += 1

@@ -9,7 +9,8 @@
 Check-then-act: :meth:`KVCacheManager.allocate_slots` returns False (and changes
 nothing) when the pool cannot supply the blocks; the scheduler then preempts.
 A prefix hit re-checks the cached block's token ids and never covers the last
-token of a sequence (its logits must be computed).
+token of a sequence (its logits must be computed). The manager reads a sequence's
+progress (``num_computed_tokens``) and never writes it: the scheduler does.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ class CacheableSeq(Protocol):
     seq_id: int
     salt: TenantSalt | None
     token_ids: list[int]
-    num_computed_tokens: int
     block_hashes: list[BlockHash]
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose K/V are in the sequence's blocks (read here, never written)."""
+        ...
 
 
 class KVCacheManager:
@@ -90,8 +95,9 @@ class KVCacheManager:
     ) -> bool:
         """Make room for ``num_new_tokens`` more tokens, first adopting ``prefix`` blocks.
 
-        ``prefix`` is only allowed for a sequence that holds no blocks yet; on success
-        its ``num_computed_tokens`` advances past the prefix. False = nothing changed.
+        ``prefix`` is only allowed for a sequence that holds no blocks yet; the new
+        tokens then follow the prefix (the caller counts the prefix's tokens as computed;
+        ``num_computed_tokens`` is not changed here). False = nothing changed.
         """
         table = self._tables.get(seq.seq_id, [])
         if prefix and (table or seq.num_computed_tokens):
@@ -103,8 +109,8 @@ class KVCacheManager:
         if prefix:
             self.pool.touch(list(prefix))
             table = table + list(prefix)
-            seq.num_computed_tokens += len(prefix) * self.block_size
-        need = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(table)
+        total = seq.num_computed_tokens + len(prefix) * self.block_size + num_new_tokens
+        need = self.num_blocks_for(total) - len(table)
         if need > 0:
             table = table + self.pool.allocate(need)
         if need > 0 or prefix or seq.seq_id not in self._tables:

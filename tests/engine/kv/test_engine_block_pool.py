@@ -92,6 +92,8 @@ def test_hit_on_free_cached_block_revives_it() -> None:
     assert [blk.block_id for blk in prefix] == [0]
     assert not kv.can_allocate(b, 2 + 3 * BS, prefix)  # 4 more blocks + the revived one > 4
     assert kv.allocate_slots(b, 2, prefix)
+    assert b.num_computed_tokens == 0  # the caller, not the manager, counts the prefix
+    assert kv.block_ids(1) == (0, 2)  # the prefix block, then a never-cached one
     assert kv.pool.blocks[0].ref_cnt == 1
     assert kv.pool.num_free_blocks == 2
 

@@ -57,9 +57,11 @@ class KVMachine(RuleBasedStateMachine):
         n = min(chunk, len(seq.token_ids) - seq.num_computed_tokens - len(prefix) * BS)
         if n <= 0:
             return
+        before = seq.num_computed_tokens
         if self.kv.allocate_slots(seq, n, prefix):
+            assert seq.num_computed_tokens == before  # the manager never writes progress
             seq.running = True
-            seq.num_computed_tokens += n
+            seq.num_computed_tokens += len(prefix) * BS + n
             self.kv.cache_full_blocks(seq)
 
     @rule(data=st.data(), new=st.lists(st.integers(0, 3), min_size=1, max_size=5))
