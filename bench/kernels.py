@@ -31,8 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
-from kernel_cases import (
+
+from bench.kernel_cases import (
     BenchConfig,
     Thunk,
     kv_read_bytes,
@@ -41,7 +45,7 @@ from kernel_cases import (
     prefill_flops,
     time_ms,
 )
-from kernel_engine import RANDOM_SMOLLM2
+from bench.kernel_engine import RANDOM_SMOLLM2
 
 DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXTS = (512, 4096, 32768)
@@ -77,7 +81,7 @@ def copy_gbps(cfg: BenchConfig) -> float | None:
 
 
 def _peer_rows(peers: dict[str, Callable[[], Thunk]], cfg: BenchConfig) -> dict[str, Any]:
-    from kernel_peers import PeerUnavailable
+    from bench.kernel_peers import PeerUnavailable
 
     rows: dict[str, Any] = {}
     for name, build in peers.items():
@@ -91,8 +95,7 @@ def _peer_rows(peers: dict[str, Callable[[], Thunk]], cfg: BenchConfig) -> dict[
 
 
 def bench_decode(cfg: BenchConfig, batch: int, context: int, peak: float | None) -> dict[str, Any]:
-    import kernel_peers as kp
-
+    from bench import kernel_peers as kp
     from engine.kernels.decode_attention import choose_num_splits, paged_decode_attention
 
     x = make_inputs(cfg, batch, context - 1, 1, seed=batch * 7 + context)
@@ -158,8 +161,7 @@ def bench_decode_int8(
 
 
 def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dict[str, Any]:
-    import kernel_peers as kp
-
+    from bench import kernel_peers as kp
     from engine.kernels.extend_attention import extend_attention
 
     x = make_inputs(cfg, num_seqs, prefix, new, seed=num_seqs + prefix + new)
@@ -226,7 +228,7 @@ def bench_rope_write(cfg: BenchConfig, num_tokens: int) -> dict[str, Any]:
 
 
 def engine_plan(args: argparse.Namespace, cfg: BenchConfig) -> Any:
-    from kernel_engine import EnginePlan
+    from bench.kernel_engine import EnginePlan
 
     return EnginePlan(
         model=None if cfg.smoke or args.model == "bundled" else args.model, smoke=cfg.smoke,
@@ -285,7 +287,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         cfg, plan = smoke_overrides(args)
         peak = args.peak_gbps
     else:
-        import kernel_sweep as ks
+        from bench import kernel_sweep as ks
 
         cfg = BenchConfig(32, 8, 128, args.block_size, torch.bfloat16, "cuda", smoke=False)
         plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
@@ -321,7 +323,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
         save(result)
     if not args.skip_engine:
-        from kernel_engine import bench_engine, engine_label
+        from bench.kernel_engine import bench_engine, engine_label
 
         result["engine"] = []
         for backend, graphs in ENGINE_VARIANTS:
@@ -334,7 +336,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
                                          "error": error})  # fmt: skip
             save(result)
     if args.sweep:
-        from kernel_sweep import run_sweep
+        from bench.kernel_sweep import run_sweep
 
         result["sweep"] = run_sweep(cfg, plan)
         save(result)

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import semantic_train as st
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
+
+from bench import semantic_train as st
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
 from proxy.semantic.evaluate import qqp_split
 from proxy.semantic.verifier import LogisticVerifier
