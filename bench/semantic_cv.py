@@ -28,8 +28,8 @@ if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo r
 import numpy as np
 
 from bench import semantic_train as st
+from bench.semantic.evaluate import qqp_split
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
-from proxy.semantic.evaluate import qqp_split
 from proxy.semantic.verifier import LogisticVerifier
 
 RECALLS = (0.03, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4)
@@ -40,7 +40,7 @@ def replay_outcomes(
     queries: list[int], prompts: list[int],
 ) -> list[tuple[float, str, int]]:  # fmt: skip
     """(best score, outcome, query) per query with a candidate; outcome as in
-    :mod:`proxy.semantic.pair_metrics` (correct | own_label_0 | other_entry)."""
+    :mod:`bench.semantic.pair_metrics` (correct | own_label_0 | other_entry)."""
     idx, sims = st.top_candidates(b[queries], a[prompts], st.NUM_CANDIDATES)
     out: list[tuple[float, str, int]] = []
     for qi, i in enumerate(queries):

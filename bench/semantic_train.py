@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import numpy.typing as npt
 
+from bench.semantic.evaluate import qqp_split
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
-from proxy.semantic.evaluate import qqp_split
 from proxy.semantic.features import FEATURE_NAMES
 from proxy.semantic.verifier import LogisticVerifier, VerifierWeights
 

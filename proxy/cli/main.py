@@ -11,7 +11,6 @@ import typer
 from billing.cli import register as register_billing
 from billing.invoice_cli import register as register_invoices
 from engine.cli import register as register_engine
-from proxy.cli.bench import register as register_bench
 from proxy.cli.serve import register as register_serve
 
 
@@ -27,7 +26,9 @@ def build_app() -> typer.Typer:
     register_invoices(app)
     register_engine(app)
     register_serve(app)
-    register_bench(app)
+    from bench.cli import app as bench_app  # tooling: loaded only when the CLI is built
+
+    app.add_typer(bench_app, name="bench")
     return app
 
 

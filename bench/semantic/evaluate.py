@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.semantic.pair_metrics import forced_queries, precision_views
 from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.keys import CacheKey
-from proxy.semantic.pair_metrics import forced_queries, precision_views
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
 from proxy.semantic.store import EntryId, InMemoryStore, StoreConfig

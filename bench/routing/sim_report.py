@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from bench.routing.trace import TraceRequest
 from proxy.routing.calibration import CalibrationSnapshot
-from proxy.routing.trace import TraceRequest
 
 if TYPE_CHECKING:
-    from proxy.routing.simulate import SimWorker
+    from bench.routing.simulate import SimWorker
 
 
 @dataclass(frozen=True)
