@@ -6,7 +6,7 @@ Data (none of it ships; only the learned weights do):
   ``fit`` (85 %, the logistic regression) and ``calib`` (15 %, threshold choice).
 * Mined negatives: for each ``fit`` query, its nearest ``fit`` prompts other than its
   own pair (what the cache will actually compare it with), label 0.
-* Hand-written hard cases (proxy/semantic/data/hard_cases.jsonl), ``split == train``
+* Hand-written hard cases (bench/semantic/hard_cases.jsonl), ``split == train``
   only, weighted ``--hard-weight``.
 The threshold is the lowest one whose precision on the ``calib`` pairs (the verifier's
 decision on labelled pairs) is >= ``--target-precision``. The strict replay figure
@@ -42,7 +42,7 @@ from proxy.semantic.verifier import LogisticVerifier, VerifierWeights
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QQP = ROOT.parent / "shared" / "data" / "qqp_pairs_12k.jsonl"
-HARD_CASES = ROOT / "proxy" / "semantic" / "data" / "hard_cases.jsonl"
+HARD_CASES = ROOT / "bench" / "semantic" / "hard_cases.jsonl"
 WEIGHTS_OUT = ROOT / "proxy" / "semantic" / "data" / "verifier_weights.json"
 NUM_CANDIDATES = 4
 MIN_SIMILARITY = 0.5
