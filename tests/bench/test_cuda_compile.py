@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from engine.kernels.cuda_compile import MAX_SHARED_BYTES, _load_bytes, loop_local_ops
+from bench.cuda_compile import MAX_SHARED_BYTES, _load_bytes, loop_local_ops
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "kernel_compile.py"
 ALL_KERNELS = {
     "_kv_write_kernel",
