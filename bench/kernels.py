@@ -193,40 +193,6 @@ def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dic
             "max_abs_err_vs_sdpa": max_err, **rows}  # fmt: skip
 
 
-def bench_rope_write(cfg: BenchConfig, num_tokens: int) -> dict[str, Any]:
-    """Fused RoPE + KV write vs rotating q and k in torch, then the plain KV-write kernel."""
-    from engine.kernels.kv_write import write_kv
-    from engine.kernels.rope_kv_write import rope_write_kv
-
-    x = make_inputs(cfg, 1, 0, num_tokens, seed=1)
-    k = x.q[:, : cfg.num_kv_heads].contiguous()
-    v = k.clone()
-    positions = torch.arange(num_tokens, device=cfg.device)
-    slots = x.block_tables[0].long().repeat_interleave(cfg.block_size)[:num_tokens] * cfg.block_size
-    slots += positions % cfg.block_size
-    inv = 1e4 ** (-torch.arange(0, cfg.head_dim, 2, device=cfg.device).float() / cfg.head_dim)
-    freqs = positions.float()[:, None] * inv[None, :]
-    cos = torch.cat((freqs, freqs), -1).cos().to(cfg.dtype)
-    sin = torch.cat((freqs, freqs), -1).sin().to(cfg.dtype)
-
-    def rotate(t: torch.Tensor) -> torch.Tensor:
-        half = t.shape[-1] // 2
-        turned = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
-        return t * cos[positions].unsqueeze(1) + turned * sin[positions].unsqueeze(1)
-
-    def unfused() -> object:
-        q_rot = rotate(x.q)
-        write_kv(rotate(k), v, x.k_cache, x.v_cache, slots)
-        return q_rot
-
-    def fused() -> object:
-        return rope_write_kv(x.q, k, v, x.k_cache, x.v_cache, slots, positions, cos, sin)
-
-    rows = _peer_rows({"fused_triton": lambda: fused, "torch_rope_then_write": lambda: unfused},
-                      cfg)  # fmt: skip
-    return {"num_tokens": num_tokens, **rows}
-
-
 def engine_plan(args: argparse.Namespace, cfg: BenchConfig) -> Any:
     from bench.kernel_engine import EnginePlan
 
@@ -268,7 +234,7 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     args.engine_requests, args.min_len, args.max_len = 3, 4, 12
     args.kv_cache_gib, args.max_num_batched_tokens, args.max_num_seqs = 1, 64, 4
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
-    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5],
+    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)],
             "sweep_decode": [(2, 40)], "decode_variants": [(16, 4, 2), (32, 2, 3)],
             "decode_splits": (1, 3),
             "sweep_extend": [(2, 20, 12)], "extend_variants": [(16, 16, 4, 2)]}  # fmt: skip
@@ -291,7 +257,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
 
         cfg = BenchConfig(32, 8, 128, args.block_size, torch.bfloat16, "cuda", smoke=False)
         plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
-                "prefill": list(PREFILL_CASES), "rope": [1, 64, 4096],
+                "prefill": list(PREFILL_CASES),
                 "sweep_decode": ks.DECODE_CASES, "decode_variants": ks.DECODE_VARIANTS,
                 "decode_splits": ks.DECODE_SPLITS,
                 "sweep_extend": ks.EXTEND_CASES, "extend_variants": ks.EXTEND_VARIANTS}  # fmt: skip
@@ -319,8 +285,6 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         for num_seqs, prefix, new in plan["prefill"]:
             log(f"prefill seqs={num_seqs} prefix={prefix} new={new}")
             result["prefill"].append(bench_prefill(cfg, num_seqs, prefix, new))
-        log("fused rope + kv write")
-        result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
         save(result)
     if not args.skip_engine:
         from bench.kernel_engine import bench_engine, engine_label

@@ -27,8 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "kernel_compile.py"
 ALL_KERNELS = {
     "_kv_write_kernel",
-    "_kv_write_int8_kernel",
-    "_rope_kv_write_kernel",
     "_decode_split_kernel",
     "_decode_reduce_kernel",
     "_extend_kernel",
