@@ -28,7 +28,6 @@ tests=(
   tests/engine/kernels/test_kernels_extend_attention.py
   tests/engine/kernels/test_kernels_int8_kv.py
   tests/engine/kernels/test_kernels_kv_write.py
-  tests/engine/kernels/test_kernels_rope_kv_write.py
   tests/engine/kernels/test_triton_attention_backend.py
   tests/engine/kernels/test_triton_engine_e2e.py
   tests/engine/test_engine_config.py

@@ -44,7 +44,7 @@ def time_ms(fn: Thunk, cfg: BenchConfig) -> float:
 def make_inputs(cfg: BenchConfig, num_seqs: int, prefix: int, new: int, seed: int) -> Any:
     """kernel_peers.PagedInputs: ``num_seqs`` sequences of ``prefix`` cached and ``new``
     query tokens, their blocks scattered through the pool in a random order."""
-    from kernel_peers import PagedInputs
+    from bench.kernel_peers import PagedInputs
 
     gen = torch.Generator(device=cfg.device).manual_seed(seed)
     context = prefix + new

@@ -3,7 +3,7 @@
 For each target (default sm_90, Hopper, and sm_80, Ampere) every kernel is built through
 its real launcher at the engine's head layouts (SmolLM2-135M: 9/3 heads, head_dim 64;
 Llama-3-8B: 32/8, head_dim 128), in bf16, fp16 and fp32, block sizes 8/16/32, and with
-int8 caches (see engine.kernels.cuda_compile). Per build it prints registers, stack
+int8 caches (see bench.cuda_compile). Per build it prints registers, stack
 frame, local-memory instructions (spills), shared memory, the widest global load and
 the matrix instructions; ``--json`` writes the rows. Exit status 1 when a build spills
 inside a loop, spills more than a few values around its loops, or needs more shared
@@ -24,6 +24,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 QUICK_LABELS = ("smollm2 bfloat16", "smollm2 float32", "llama3-8b bfloat16", "llama3-8b float32")
 INT8_LABELS = ("smollm2 bfloat16", "llama3-8b bfloat16")
 # Local-memory ops tolerated outside loops: ptxas at its register cap may park a value
@@ -42,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def problems(report: object, arch: int) -> list[str]:
     """What would make this build slow or fail on the GPU."""
-    from engine.kernels.cuda_compile import MAX_SHARED_BYTES, KernelReport
+    from bench.cuda_compile import MAX_SHARED_BYTES, KernelReport
 
     assert isinstance(report, KernelReport)
     found = []
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("error: unset TRITON_INTERPRET to compile for a GPU", file=sys.stderr)
         return 2
-    from engine.kernels.cuda_compile import compile_reports, default_shapes, unavailable_reason
+    from bench.cuda_compile import compile_reports, default_shapes, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

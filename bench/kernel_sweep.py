@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from kernel_cases import (
+
+from bench.kernel_cases import (
     BenchConfig,
     Thunk,
     kv_read_bytes,

@@ -31,8 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
-from kernel_cases import (
+
+from bench.kernel_cases import (
     BenchConfig,
     Thunk,
     kv_read_bytes,
@@ -41,7 +45,7 @@ from kernel_cases import (
     prefill_flops,
     time_ms,
 )
-from kernel_engine import RANDOM_SMOLLM2
+from bench.kernel_engine import RANDOM_SMOLLM2
 
 DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXTS = (512, 4096, 32768)
@@ -77,7 +81,7 @@ def copy_gbps(cfg: BenchConfig) -> float | None:
 
 
 def _peer_rows(peers: dict[str, Callable[[], Thunk]], cfg: BenchConfig) -> dict[str, Any]:
-    from kernel_peers import PeerUnavailable
+    from bench.kernel_peers import PeerUnavailable
 
     rows: dict[str, Any] = {}
     for name, build in peers.items():
@@ -91,8 +95,7 @@ def _peer_rows(peers: dict[str, Callable[[], Thunk]], cfg: BenchConfig) -> dict[
 
 
 def bench_decode(cfg: BenchConfig, batch: int, context: int, peak: float | None) -> dict[str, Any]:
-    import kernel_peers as kp
-
+    from bench import kernel_peers as kp
     from engine.kernels.decode_attention import choose_num_splits, paged_decode_attention
 
     x = make_inputs(cfg, batch, context - 1, 1, seed=batch * 7 + context)
@@ -158,8 +161,7 @@ def bench_decode_int8(
 
 
 def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dict[str, Any]:
-    import kernel_peers as kp
-
+    from bench import kernel_peers as kp
     from engine.kernels.extend_attention import extend_attention
 
     x = make_inputs(cfg, num_seqs, prefix, new, seed=num_seqs + prefix + new)
@@ -191,42 +193,8 @@ def bench_prefill(cfg: BenchConfig, num_seqs: int, prefix: int, new: int) -> dic
             "max_abs_err_vs_sdpa": max_err, **rows}  # fmt: skip
 
 
-def bench_rope_write(cfg: BenchConfig, num_tokens: int) -> dict[str, Any]:
-    """Fused RoPE + KV write vs rotating q and k in torch, then the plain KV-write kernel."""
-    from engine.kernels.kv_write import write_kv
-    from engine.kernels.rope_kv_write import rope_write_kv
-
-    x = make_inputs(cfg, 1, 0, num_tokens, seed=1)
-    k = x.q[:, : cfg.num_kv_heads].contiguous()
-    v = k.clone()
-    positions = torch.arange(num_tokens, device=cfg.device)
-    slots = x.block_tables[0].long().repeat_interleave(cfg.block_size)[:num_tokens] * cfg.block_size
-    slots += positions % cfg.block_size
-    inv = 1e4 ** (-torch.arange(0, cfg.head_dim, 2, device=cfg.device).float() / cfg.head_dim)
-    freqs = positions.float()[:, None] * inv[None, :]
-    cos = torch.cat((freqs, freqs), -1).cos().to(cfg.dtype)
-    sin = torch.cat((freqs, freqs), -1).sin().to(cfg.dtype)
-
-    def rotate(t: torch.Tensor) -> torch.Tensor:
-        half = t.shape[-1] // 2
-        turned = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
-        return t * cos[positions].unsqueeze(1) + turned * sin[positions].unsqueeze(1)
-
-    def unfused() -> object:
-        q_rot = rotate(x.q)
-        write_kv(rotate(k), v, x.k_cache, x.v_cache, slots)
-        return q_rot
-
-    def fused() -> object:
-        return rope_write_kv(x.q, k, v, x.k_cache, x.v_cache, slots, positions, cos, sin)
-
-    rows = _peer_rows({"fused_triton": lambda: fused, "torch_rope_then_write": lambda: unfused},
-                      cfg)  # fmt: skip
-    return {"num_tokens": num_tokens, **rows}
-
-
 def engine_plan(args: argparse.Namespace, cfg: BenchConfig) -> Any:
-    from kernel_engine import EnginePlan
+    from bench.kernel_engine import EnginePlan
 
     return EnginePlan(
         model=None if cfg.smoke or args.model == "bundled" else args.model, smoke=cfg.smoke,
@@ -266,7 +234,7 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     args.engine_requests, args.min_len, args.max_len = 3, 4, 12
     args.kv_cache_gib, args.max_num_batched_tokens, args.max_num_seqs = 1, 64, 4
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
-    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)], "rope": [5],
+    plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)],
             "sweep_decode": [(2, 40)], "decode_variants": [(16, 4, 2), (32, 2, 3)],
             "decode_splits": (1, 3),
             "sweep_extend": [(2, 20, 12)], "extend_variants": [(16, 16, 4, 2)]}  # fmt: skip
@@ -285,11 +253,11 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         cfg, plan = smoke_overrides(args)
         peak = args.peak_gbps
     else:
-        import kernel_sweep as ks
+        from bench import kernel_sweep as ks
 
         cfg = BenchConfig(32, 8, 128, args.block_size, torch.bfloat16, "cuda", smoke=False)
         plan = {"decode": [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS],
-                "prefill": list(PREFILL_CASES), "rope": [1, 64, 4096],
+                "prefill": list(PREFILL_CASES),
                 "sweep_decode": ks.DECODE_CASES, "decode_variants": ks.DECODE_VARIANTS,
                 "decode_splits": ks.DECODE_SPLITS,
                 "sweep_extend": ks.EXTEND_CASES, "extend_variants": ks.EXTEND_VARIANTS}  # fmt: skip
@@ -317,11 +285,9 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         for num_seqs, prefix, new in plan["prefill"]:
             log(f"prefill seqs={num_seqs} prefix={prefix} new={new}")
             result["prefill"].append(bench_prefill(cfg, num_seqs, prefix, new))
-        log("fused rope + kv write")
-        result["rope_kv_write"] = [bench_rope_write(cfg, n) for n in plan["rope"]]
         save(result)
     if not args.skip_engine:
-        from kernel_engine import bench_engine, engine_label
+        from bench.kernel_engine import bench_engine, engine_label
 
         result["engine"] = []
         for backend, graphs in ENGINE_VARIANTS:
@@ -334,7 +300,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
                                          "error": error})  # fmt: skip
             save(result)
     if args.sweep:
-        from kernel_sweep import run_sweep
+        from bench.kernel_sweep import run_sweep
 
         result["sweep"] = run_sweep(cfg, plan)
         save(result)

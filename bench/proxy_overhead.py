@@ -47,10 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gateway_peers
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import httpx
-import semantic_load
-from fixed_upstream import MODEL, serve_upstream
+
+from bench import gateway_peers, semantic_load
+from bench.fixed_upstream import MODEL, serve_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from proxy.routing.bench_cli import run_routing_bench
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.cli import run_routing_bench
+from bench.routing.simulate import SimConfig
+from bench.routing.trace import load_trace
 from proxy.routing.policy import POLICY_NAMES
-from proxy.routing.simulate import SimConfig
-from proxy.routing.trace import load_trace
 
 DEFAULT_TRACE = (
     Path(__file__).resolve().parents[2] / "shared/data/mooncake_conversation_trace.jsonl"

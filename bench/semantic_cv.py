@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import semantic_train as st
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
+
+from bench import semantic_train as st
+from bench.semantic.evaluate import qqp_split
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
-from proxy.semantic.evaluate import qqp_split
 from proxy.semantic.verifier import LogisticVerifier
 
 RECALLS = (0.03, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4)
@@ -36,7 +40,7 @@ def replay_outcomes(
     queries: list[int], prompts: list[int],
 ) -> list[tuple[float, str, int]]:  # fmt: skip
     """(best score, outcome, query) per query with a candidate; outcome as in
-    :mod:`proxy.semantic.pair_metrics` (correct | own_label_0 | other_entry)."""
+    :mod:`bench.semantic.pair_metrics` (correct | own_label_0 | other_entry)."""
     idx, sims = st.top_candidates(b[queries], a[prompts], st.NUM_CANDIDATES)
     out: list[tuple[float, str, int]] = []
     for qi, i in enumerate(queries):

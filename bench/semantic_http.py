@@ -31,11 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import proxy_overhead as po
-import semantic_load
+from bench import proxy_overhead as po
+from bench import semantic_load
 
 QUESTIONS = [
     "What is the capital of {}?", "How do I apply for a visa to {}?",

@@ -6,7 +6,7 @@ Data (none of it ships; only the learned weights do):
   ``fit`` (85 %, the logistic regression) and ``calib`` (15 %, threshold choice).
 * Mined negatives: for each ``fit`` query, its nearest ``fit`` prompts other than its
   own pair (what the cache will actually compare it with), label 0.
-* Hand-written hard cases (proxy/semantic/data/hard_cases.jsonl), ``split == train``
+* Hand-written hard cases (bench/semantic/hard_cases.jsonl), ``split == train``
   only, weighted ``--hard-weight``.
 The threshold is the lowest one whose precision on the ``calib`` pairs (the verifier's
 decision on labelled pairs) is >= ``--target-precision``. The strict replay figure
@@ -24,21 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import numpy.typing as npt
 
+from bench.semantic.evaluate import qqp_split
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
-from proxy.semantic.evaluate import qqp_split
 from proxy.semantic.features import FEATURE_NAMES
 from proxy.semantic.verifier import LogisticVerifier, VerifierWeights
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QQP = ROOT.parent / "shared" / "data" / "qqp_pairs_12k.jsonl"
-HARD_CASES = ROOT / "proxy" / "semantic" / "data" / "hard_cases.jsonl"
+HARD_CASES = ROOT / "bench" / "semantic" / "hard_cases.jsonl"
 WEIGHTS_OUT = ROOT / "proxy" / "semantic" / "data" / "verifier_weights.json"
 NUM_CANDIDATES = 4
 MIN_SIMILARITY = 0.5

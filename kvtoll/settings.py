@@ -6,6 +6,9 @@ env) and pass plain values down; nothing reads the environment at import time.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -13,6 +16,7 @@ WELL_KNOWN_ADMIN_TOKENS = frozenset(
     {"admin", "password", "changeme", "secret", "token", "test", "kvtoll", "123456"}
 )
 DEFAULT_DATABASE_URL = "sqlite:///./kvtoll.db"
+EMPTY_ADMIN_TOKEN = "KVTOLL_ADMIN_TOKEN is empty: set it to use the operator dashboard and APIs"
 
 
 class Settings(BaseSettings):
@@ -50,6 +54,20 @@ class Settings(BaseSettings):
         if token.lower() in WELL_KNOWN_ADMIN_TOKENS or len(token) < 16:
             return "KVTOLL_ADMIN_TOKEN is well known or shorter than 16 characters"
         return None
+
+    def admin_disabled_reason(self) -> str | None:
+        """Why operator access (admin API and admin dashboard) is off, or ``None`` if it is
+        on. Dev mode accepts a weak token but not an empty one. Every admin surface answers
+        503 ``admin_disabled`` with this reason, and 401 to a wrong token."""
+        if problem := self.admin_token_problem():
+            return problem
+        return None if self.admin_token.get_secret_value() else EMPTY_ADMIN_TOKEN
+
+    def admin_token_matches(self, candidate: str) -> bool:
+        """Constant-time comparison with the admin token (of SHA-256 digests: any length,
+        any text). Check :meth:`admin_disabled_reason` first."""
+        expected = hashlib.sha256(self.admin_token.get_secret_value().encode()).digest()
+        return hmac.compare_digest(hashlib.sha256(candidate.encode()).digest(), expected)
 
     def server_secret(self) -> bytes:
         """Secret for server-side salts; in dev mode an empty one falls back to a fixed value."""

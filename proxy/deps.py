@@ -6,7 +6,6 @@ worker thread, which costs a thread hop per request on the hot path.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -67,16 +66,17 @@ TenantDep = Annotated[TenantId, Depends(get_tenant_id)]
 def require_admin(
     state: StateDep, authorization: Annotated[str | None, Header()] = None
 ) -> None:
-    """Admin token check: constant-time compare; the admin API is off with no token."""
-    expected = state.settings.admin_token.get_secret_value()
-    if not expected:
+    """Admin token check (:meth:`Settings.admin_disabled_reason`, then a constant-time
+    compare), answered as the web admin routes answer it: 503 while disabled, else 401."""
+    reason = state.settings.admin_disabled_reason()
+    if reason is not None:
         raise OpenAIError(
-            "the admin API is disabled: set KVTOLL_ADMIN_TOKEN", status=403,
+            f"admin interface disabled: {reason}", status=503,
             type=INVALID_REQUEST, code="admin_disabled",
         )
     scheme, _, token = (authorization or "").partition(" ")
-    presented = token.strip().encode() if scheme.lower() == "bearer" else b""
-    if not hmac.compare_digest(presented, expected.encode()):
+    presented = token.strip() if scheme.lower() == "bearer" else ""
+    if not state.settings.admin_token_matches(presented):
         raise OpenAIError(
             "invalid admin token", status=401, type=INVALID_REQUEST, code="invalid_admin_token"
         )

@@ -25,7 +25,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.accounts import get_tenant_by_name
 from billing.usage import GroupBy
-from billing.usage_cache import UsageCache
 from kvtoll.settings import Settings
 from web.api_views import cost_result, usage_result
 from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, set_cookie
@@ -57,15 +56,12 @@ def _tenant_filter(factory: sessionmaker[Session], name: str | None) -> int | No
     return tenant.id
 
 
-def _add_api_routes(
-    router: APIRouter, factory: sessionmaker[Session], auth: AdminAuth, cache: UsageCache
-) -> None:
+def _add_api_routes(router: APIRouter, factory: sessionmaker[Session], auth: AdminAuth) -> None:
     def answer(request: Request, result: ResultFn) -> Response:
         auth.require(request)
         tenant_id = _tenant_filter(factory, request.query_params.get("tenant"))
         return bucketed_answer(
-            factory, request, tenant_id=tenant_id, allowed=ADMIN_GROUPS, result=result,
-            cache=cache,
+            factory, request, tenant_id=tenant_id, allowed=ADMIN_GROUPS, result=result
         )
 
     @router.get("/admin/v1/organization/usage/completions")
@@ -106,9 +102,9 @@ class AdminPages:
     """Handlers of the operator pages (thin: data comes from :mod:`web.dashboard_data`)."""
 
     def __init__(self, factory: sessionmaker[Session], auth: AdminAuth, env: Environment,
-                 worker_status: WorkerStatusFn | None, cache: UsageCache) -> None:
+                 worker_status: WorkerStatusFn | None) -> None:
         self._factory, self._auth, self._env = factory, auth, env
-        self._worker_status, self._cache = worker_status, cache
+        self._worker_status = worker_status
 
     def login_page(self, status: int = 200, error: str | None = None) -> Response:
         auth = self._auth
@@ -132,7 +128,7 @@ class AdminPages:
             return self.login_page(503 if self._auth.problem else 200)
         first, stop, error = picked_range(start, end, datetime.now(UTC))
         with self._factory() as session:
-            context = admin_context(session, first, stop, self.workers(), self._cache.aggregate)
+            context = admin_context(session, first, stop, self.workers())
         return render_page(
             self._env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
             dev_mode=self._auth.dev_mode, **range_fields(first, stop), **context,
@@ -161,15 +157,13 @@ def build_admin_dashboard_router(
     settings: Settings,
     *,
     worker_status: WorkerStatusFn | None = None,
-    usage_cache: UsageCache | None = None,
 ) -> APIRouter:
     """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
     auth = AdminAuth(settings)
-    cache = usage_cache or UsageCache()
-    pages = AdminPages(session_factory, auth, template_environment(), worker_status, cache)
+    pages = AdminPages(session_factory, auth, template_environment(), worker_status)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
-    _add_api_routes(router, session_factory, auth, cache)
+    _add_api_routes(router, session_factory, auth)
     router.add_api_route("/admin/dashboard", pages.dashboard, methods=["GET"])
     router.add_api_route("/admin/dashboard/login", pages.login, methods=["POST"])
     router.add_api_route("/admin/dashboard/logout", pages.logout, methods=["POST"])

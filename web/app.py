@@ -10,7 +10,6 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.usage_cache import UsageCache
 from kvtoll.settings import Settings
 from web.admin import WorkerStatusFn, build_admin_dashboard_router
 from web.auth import KeyResolver, TenantAuth, session_secret
@@ -28,13 +27,10 @@ def include_web_routers(
 ) -> None:
     """Add the dashboard, usage API and admin routers to ``app`` (one shared tenant auth)."""
     auth = TenantAuth(session_factory, session_secret(settings), resolver)
-    cache = UsageCache()
     for router in (
-        build_dashboard_router(session_factory, settings, tenant_auth=auth, usage_cache=cache),
-        build_usage_api_router(session_factory, settings, tenant_auth=auth, usage_cache=cache),
-        build_admin_dashboard_router(
-            session_factory, settings, worker_status=worker_status, usage_cache=cache
-        ),
+        build_dashboard_router(session_factory, settings, tenant_auth=auth),
+        build_usage_api_router(session_factory, settings, tenant_auth=auth),
+        build_admin_dashboard_router(session_factory, settings, worker_status=worker_status),
     ):
         app.include_router(router)
 

@@ -10,7 +10,6 @@ The admin token is compared in constant time; admin routes refuse to work while
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 import time
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from web.tokens import TokenSigner
 TENANT_COOKIE = "kvtoll_session"
 ADMIN_COOKIE = "kvtoll_admin"
 SESSION_TTL_S = 8 * 3600
-EMPTY_TOKEN = "KVTOLL_ADMIN_TOKEN is empty: set it to use the operator dashboard and APIs"
 KeyResolver = Callable[[str], KeyIdentity | None]
 
 
@@ -144,18 +142,17 @@ class AdminAuth:
     """The operator: admin token (bearer or sign-in form) and the admin cookie."""
 
     def __init__(self, settings: Settings) -> None:
-        token = settings.admin_token.get_secret_value()
-        # Dev mode accepts a weak token, but no token means no operator access at all.
-        self.problem = settings.admin_token_problem() or (None if token else EMPTY_TOKEN)
+        self._settings = settings
+        self.problem = settings.admin_disabled_reason()
         self.dev_mode = settings.dev_mode
-        self._token_digest = _digest(token)
+        self._token_digest = _digest(settings.admin_token.get_secret_value())
         secret = session_secret(settings)
         # Rotating the admin token invalidates every admin session.
         self.signer = TokenSigner(secret + self._token_digest, "admin-session", SESSION_TTL_S)
 
     def token_matches(self, candidate: str) -> bool:
         """Constant-time comparison with the configured admin token."""
-        return hmac.compare_digest(_digest(candidate), self._token_digest)
+        return self._settings.admin_token_matches(candidate)
 
     def check_enabled(self) -> None:
         if self.problem is not None:

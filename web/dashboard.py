@@ -17,7 +17,6 @@ from fastapi.responses import RedirectResponse, Response
 from jinja2 import Environment
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.usage_cache import UsageCache
 from kvtoll.settings import Settings
 from web.auth import TENANT_COOKIE, KeyResolver, TenantAuth, check_same_origin, session_secret
 from web.auth import set_cookie as set_session_cookie
@@ -32,9 +31,8 @@ STATIC_PREFIX = "/dashboard/static"
 class TenantPages:
     """Handlers of the tenant pages (thin: data comes from :mod:`web.dashboard_data`)."""
 
-    def __init__(self, factory: sessionmaker[Session], auth: TenantAuth, env: Environment,
-                 cache: UsageCache) -> None:
-        self._factory, self._auth, self._env, self._cache = factory, auth, env, cache
+    def __init__(self, factory: sessionmaker[Session], auth: TenantAuth, env: Environment) -> None:
+        self._factory, self._auth, self._env = factory, auth, env
 
     def login_page(self, status: int = 200, error: str | None = None) -> Response:
         return render_page(self._env, "login.html", status, static=STATIC_PREFIX, error=error,
@@ -48,9 +46,7 @@ class TenantPages:
             return self.login_page()
         first, stop, error = picked_range(start, end, datetime.now(UTC))
         with self._factory() as session:
-            context = tenant_context(
-                session, principal.tenant_id, first, stop, self._cache.aggregate
-            )
+            context = tenant_context(session, principal.tenant_id, first, stop)
         return render_page(
             self._env, "dashboard.html", 400 if error else 200, static=STATIC_PREFIX,
             error=error, tenant=principal.tenant_name, **range_fields(first, stop), **context,
@@ -80,12 +76,11 @@ def build_dashboard_router(
     *,
     resolver: KeyResolver | None = None,
     tenant_auth: TenantAuth | None = None,
-    usage_cache: UsageCache | None = None,
 ) -> APIRouter:
-    """The tenant dashboard; share ``tenant_auth`` and ``usage_cache`` with
+    """The tenant dashboard; share ``tenant_auth`` with
     :func:`build_usage_api_router` (see :func:`web.app.include_web_routers`)."""
     auth = tenant_auth or TenantAuth(session_factory, session_secret(settings), resolver)
-    pages = TenantPages(session_factory, auth, template_environment(), usage_cache or UsageCache())
+    pages = TenantPages(session_factory, auth, template_environment())
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
     router.add_api_route("/dashboard", pages.dashboard, methods=["GET"])

@@ -23,13 +23,13 @@ from billing.usage import (
     UsageQuery,
     UsageRow,
     UsageTotals,
+    aggregate_usage,
     sum_rows,
 )
 
 TOP_SPENDERS = 10
 FORMATS = ("pdf", "csv", "json")
 _BOTH = (GroupBy.MODEL, GroupBy.API_KEY)
-Aggregate = Callable[[Session, UsageQuery], list[UsageRow]]
 WorkerRows = Sequence[Mapping[str, object]]
 
 
@@ -116,15 +116,15 @@ def roll_up(rows: Sequence[UsageRow], key: Callable[[UsageRow], Any]) -> dict[An
 
 
 def tenant_context(
-    session: Session, tenant_id: int, start: datetime, end: datetime, aggregate: Aggregate
+    session: Session, tenant_id: int, start: datetime, end: datetime
 ) -> dict:
     """Everything the tenant dashboard shows for ``[start, end)``.
 
     One bucketed query grouped by model and key feeds the charts, the totals and
-    both breakdowns (``aggregate`` may be a :class:`billing.usage_cache.UsageCache`).
+    both breakdowns.
     """
     width = chart_width(start, end)
-    rows = aggregate(session, UsageQuery(start, end, tenant_id, width=width, group_by=_BOTH))
+    rows = aggregate_usage(session, UsageQuery(start, end, tenant_id, width=width, group_by=_BOTH))
     per_bucket = roll_up(rows, lambda r: r.bucket_start)
     bucketed = [UsageRow(b, None, None, None, t) for b, t in per_bucket.items()]
     labels = _key_labels(session, tenant_id)
@@ -143,12 +143,12 @@ def tenant_context(
 
 
 def admin_context(
-    session: Session, start: datetime, end: datetime, workers: WorkerRows, aggregate: Aggregate
+    session: Session, start: datetime, end: datetime, workers: WorkerRows
 ) -> dict[str, Any]:
     """Everything the operator dashboard shows for ``[start, end)`` (whole UTC days)."""
     names = {tid: name for tid, name in session.execute(select(Tenant.id, Tenant.name))}
     daily = UsageQuery(start, end, None, width=BucketWidth.DAY, group_by=(GroupBy.TENANT,))
-    usage = roll_up(aggregate(session, daily), lambda r: r.tenant_id)
+    usage = roll_up(aggregate_usage(session, daily), lambda r: r.tenant_id)
     per_tenant = [UsageRow(None, tid, None, None, t) for tid, t in usage.items()]
     tenants = [
         {"name": name, "id": tid, **totals_view(usage.get(tid, UsageTotals()))}

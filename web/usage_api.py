@@ -30,8 +30,7 @@ from billing.invoice_export import (
 )
 from billing.invoices import list_invoices
 from billing.models import Tenant
-from billing.usage import GroupBy, UsageQuery
-from billing.usage_cache import UsageCache
+from billing.usage import GroupBy, UsageQuery, aggregate_usage
 from kvtoll.settings import Settings
 from web.api_views import ExactJSONResponse, bucket_page, cost_result, invoice_summary, usage_result
 from web.auth import KeyResolver, TenantAuth, session_secret
@@ -62,7 +61,6 @@ def bucketed_answer(
     tenant_id: int | None,
     allowed: Sequence[GroupBy],
     result: ResultFn,
-    cache: UsageCache,
 ) -> Response:
     """Parse the bucket parameters, aggregate in SQL, answer one page."""
     params = request.query_params
@@ -76,7 +74,7 @@ def bucketed_answer(
         start=page.start, end=page.end, tenant_id=tenant_id, width=page.width, group_by=group_by
     )
     with factory() as session:
-        rows = cache.aggregate(session, query) if page.buckets else []
+        rows = aggregate_usage(session, query) if page.buckets else []
         names: Mapping[int, str] = tenant_names(session) if GroupBy.TENANT in group_by else {}
     return ExactJSONResponse(bucket_page(page, rows, result, names))
 
@@ -138,19 +136,15 @@ def build_usage_api_router(
     *,
     resolver: KeyResolver | None = None,
     tenant_auth: TenantAuth | None = None,
-    usage_cache: UsageCache | None = None,
 ) -> APIRouter:
-    """Tenant APIs; pass ``tenant_auth`` (sessions) and ``usage_cache`` to share them
-    with the dashboard router."""
+    """Tenant APIs; pass ``tenant_auth`` (sessions) to share it with the dashboard router."""
     auth = tenant_auth or TenantAuth(session_factory, session_secret(settings), resolver)
-    cache = usage_cache or UsageCache()
     router = APIRouter(tags=["usage"])
 
     def answer(request: Request, result: ResultFn) -> Response:
         tenant_id = auth.require(request).tenant_id
         return bucketed_answer(
-            session_factory, request, tenant_id=tenant_id, allowed=TENANT_GROUPS, result=result,
-            cache=cache,
+            session_factory, request, tenant_id=tenant_id, allowed=TENANT_GROUPS, result=result
         )
 
     @router.get("/v1/organization/usage/completions")

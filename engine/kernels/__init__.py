@@ -6,7 +6,6 @@ One kernel per module, each as kernel -> launcher (asserts on shapes, strides, d
 * :mod:`engine.kernels.kv_write`          store new K/V at slot-mapping positions;
 * :mod:`engine.kernels.decode_attention`  paged GQA decode, split-K + log-sum-exp merge;
 * :mod:`engine.kernels.extend_attention`  causal prefill/extend over a cached prefix;
-* :mod:`engine.kernels.rope_kv_write`     RoPE on q/k fused with the KV write (optional);
 * :mod:`engine.kernels.reference`         pure-torch references, independent of all three.
 
 The CPU backend's own kernels live beside them: :mod:`engine.kernels.cpu_native_attention`

@@ -317,7 +317,7 @@ def paged_decode_attention(
     ``max_seq_len`` (a Python int >= every ``seq_lens``; an upper bound such as the
     model's context length is fine) picks the split count without a device sync;
     ``num_splits`` overrides the heuristic of :func:`choose_num_splits`. With
-    ``kv_scales`` the caches are int8 (see :mod:`engine.kernels.kv_write_int8`).
+    ``kv_scales`` the caches are int8 (see :class:`engine.kernels.launch.KVScales`).
     ``launch`` sets the split kernel's warps and pipeline stages.
     """
     if num_splits is None:

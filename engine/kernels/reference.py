@@ -89,19 +89,6 @@ def reference_paged_decode(
     )
 
 
-def reference_rope(
-    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> torch.Tensor:
-    """Rotate each pair (x[i], x[i + D/2]) of ``x`` [T, heads, D] by angle(pos, i), float64."""
-    half = x.shape[-1] // 2
-    x64 = x.double()
-    c = cos[positions.long(), :half].double().unsqueeze(1)  # [T, 1, D/2]
-    s = sin[positions.long(), :half].double().unsqueeze(1)
-    first, second = x64[..., :half], x64[..., half:]
-    rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
-    return rotated.to(x.dtype)
-
-
 def reference_quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (last dim) symmetric int8: values in [-127, 127] and float32 scales."""
     x32 = x.float()

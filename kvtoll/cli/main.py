@@ -34,7 +34,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "key": LazyCommand("billing.cli", "Create, list and revoke API keys."),
     "price": LazyCommand("billing.cli", "Prices per model (USD per 1M tokens)."),
     "invoice": LazyCommand("billing.invoice_cli", "Close billing periods and export invoices."),
-    "bench": LazyCommand("proxy.cli.bench", "Benchmarks (print JSON figures)."),
+    "bench": LazyCommand("bench.cli", "Benchmarks (print JSON figures)."),
 }
 
 

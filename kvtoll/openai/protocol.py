@@ -60,7 +60,6 @@ SALT_FIELDS = frozenset({"cache_salt"})
 
 StrictStr = Annotated[str, Strict()]
 StrictBool = Annotated[bool, Strict()]
-StrictInt = Annotated[int, Strict()]
 FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Temperature = Annotated[float, Strict(), Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[float, Strict(), Field(gt=0.0, le=1.0, allow_inf_nan=False)]

@@ -24,21 +24,6 @@ class Policy(Protocol):
         ...
 
 
-def order_by_key(
-    candidates: Sequence[Candidate],
-    key: Callable[[Candidate], tuple[float, ...]],
-    rotation: int,
-) -> list[WorkerId]:
-    """Sort by ``key`` ascending; equal keys in round-robin order starting at ``rotation``.
-
-    The rotation keeps ties (an idle fleet, identical caches) from always landing on
-    the first worker in the list.
-    """
-    n = len(candidates)
-    indexed = sorted(range(n), key=lambda i: (key(candidates[i]), (i - rotation) % n))
-    return [candidates[i].worker_id for i in indexed]
-
-
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "consistent_hash")
 
 

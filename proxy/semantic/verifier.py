@@ -6,7 +6,7 @@ score = sigmoid(w · standardise(features(sim, query, prompt)) + b), a logistic
 regression over the guard features of :mod:`proxy.semantic.features`. The weights
 ship in ``data/verifier_weights.json`` (trained by ``bench/semantic_train.py`` on the
 training split of the QQP pairs plus the training half of the hand-written hard
-cases in ``data/hard_cases.jsonl``; no training data ships). A candidate is served
+cases in ``bench/semantic/hard_cases.jsonl``; no training data ships). A candidate is served
 only if ``score >= threshold``. The default threshold in the weights file is the lowest
 whose precision on the calib split's labelled pairs is >= 0.95; QQP's own labels put
 the cache's precision below that at this recall (``bench/semantic_cv.py`` prints the

@@ -94,3 +94,19 @@ def test_refuses_weak_admin_token_outside_dev_mode(
         build_app(weak, db, upstreams=[ScriptedUpstream()])
     dev = weak.model_copy(update={"dev_mode": True})
     assert build_app(dev, db, upstreams=[ScriptedUpstream()]) is not None
+
+
+def test_admin_api_without_a_token_answers_503_like_the_web_admin(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    """Dev mode starts without an admin token, and accepts a weak one."""
+    for token, status in (("", 503), ("admin", 200)):
+        update = {"dev_mode": True, "admin_token": load_settings(admin_token=token).admin_token}
+        dev = settings.model_copy(update=update)
+        with LiveServer(build_app(dev, db, upstreams=[ScriptedUpstream()])) as server:
+            headers = {"Authorization": f"Bearer {token or 'x'}"}
+            response = httpx.get(server.url + "/admin/tenants", headers=headers)
+        assert response.status_code == status, response.text
+        if status == 503:
+            error = response.json()["error"]
+            assert error["code"] == "admin_disabled" and "KVTOLL_ADMIN_TOKEN" in error["message"]

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.routing.policies.least_loaded import LeastLoadedPolicy
-from proxy.routing.policy import order_by_key
+from proxy.routing.ranking import order_by_key
 from proxy.routing.types import Candidate, RouteRequest, WorkerId
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.routing.policy import order_by_key
+from proxy.routing.ranking import order_by_key
 from proxy.routing.types import Candidate, RouteRequest, WorkerId
 
 

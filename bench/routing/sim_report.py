@@ -5,13 +5,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from bench.routing.trace import TraceRequest
 from proxy.routing.calibration import CalibrationSnapshot
-from proxy.routing.trace import TraceRequest
 
-if TYPE_CHECKING:
-    from proxy.routing.simulate import SimWorker
+
+class WorkerTally(Protocol):
+    """What the report reads of a simulated worker (``simulate.SimWorker``)."""
+
+    @property
+    def num_requests(self) -> int: ...
+
+    @property
+    def prefill_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ def build_report(
     requests: Sequence[TraceRequest],
     ttfts: Sequence[float],
     cached_tokens: int,
-    workers: Sequence[SimWorker],
+    workers: Sequence[WorkerTally],
     calibration: CalibrationSnapshot,
     wall_s: float,
 ) -> SimReport:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.semantic.evaluate import Pair, rule_ceiling
+from bench.semantic.evaluate import Pair, rule_ceiling
 
 
 def test_queries_identical_to_another_pairs_prompt_cap_precision() -> None:

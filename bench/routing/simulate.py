@@ -30,13 +30,13 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.routing.sim_report import SimReport, build_report
+from bench.routing.trace import TraceRequest
 from engine.api import KVEvent, KVEventKind
 from engine.kv.hashing import BlockHash
 from proxy.routing.index import ApproxIndex
 from proxy.routing.policy import Policy
 from proxy.routing.router import PrefixRouter, WorkerStatus
-from proxy.routing.sim_report import SimReport, build_report
-from proxy.routing.trace import TraceRequest
 from proxy.routing.types import WorkerId, WorkerLoad
 
 

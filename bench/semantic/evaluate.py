@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.semantic.pair_metrics import forced_queries, precision_views
 from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.keys import CacheKey
-from proxy.semantic.pair_metrics import forced_queries, precision_views
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
 from proxy.semantic.store import EntryId, InMemoryStore, StoreConfig
@@ -216,11 +216,11 @@ def hard_case_report(
     embedder: SentenceTransformerEmbedder, verifier: LogisticVerifier, threshold: float
 ) -> dict[str, Any]:
     """The verifier's decision on each hand-written hard case held out of training
-    (``split == heldout`` in ``data/hard_cases.jsonl``): query ``text_b`` against the
+    (``split == heldout`` in ``bench/semantic/hard_cases.jsonl``): query ``text_b`` against the
     cached ``text_a`` at their embedding similarity; right when accept == label."""
     from importlib import resources
 
-    text = resources.files("proxy.semantic.data").joinpath("hard_cases.jsonl").read_text()
+    text = resources.files("bench.semantic").joinpath("hard_cases.jsonl").read_text()
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     rows = [r for r in rows if r["split"] == "heldout"]
     va = embedder.embed([r["text_a"] for r in rows])

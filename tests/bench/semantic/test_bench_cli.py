@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from proxy.semantic.bench_cli import semantic_command
+from bench.cli import semantic_command
 
 PAIRS = [
     {"text_a": "How do I reset my password?", "text_b": "How can I reset my password?", "label": 1},

@@ -9,11 +9,11 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from proxy.routing.bench_cli import routing_command
+from bench.cli import routing_command
+from bench.routing.simulate import LRUBlockCache, SimConfig, simulate
+from bench.routing.trace import block_hash_of_id, infinite_cache_hit_rate, parse_trace
 from proxy.routing.index import PreciseIndex
 from proxy.routing.policy import make_policy
-from proxy.routing.simulate import LRUBlockCache, SimConfig, simulate
-from proxy.routing.trace import block_hash_of_id, infinite_cache_hit_rate, parse_trace
 from proxy.routing.types import WorkerId
 
 

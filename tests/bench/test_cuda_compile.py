@@ -21,14 +21,12 @@ from typing import Any
 
 import pytest
 
-from engine.kernels.cuda_compile import MAX_SHARED_BYTES, _load_bytes, loop_local_ops
+from bench.cuda_compile import MAX_SHARED_BYTES, _load_bytes, loop_local_ops
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "kernel_compile.py"
 ALL_KERNELS = {
     "_kv_write_kernel",
-    "_kv_write_int8_kernel",
-    "_rope_kv_write_kernel",
     "_decode_split_kernel",
     "_decode_reduce_kernel",
     "_extend_kernel",

@@ -1,7 +1,10 @@
-"""``kvtoll bench routing``: replay a Mooncake trace through a simulated fleet.
+"""``kvtoll bench``: the benchmark command group (each command prints JSON figures).
 
-:func:`routing_command` is a plain function with typer-annotated parameters; the
-bench command group (``proxy/cli/bench.py``) registers it as ``routing``.
+    kvtoll bench semantic --pairs FILE ...   precision, recall and lookup latency on pairs
+    kvtoll bench routing --trace FILE ...    a Mooncake trace through a simulated fleet
+
+The root CLI (:mod:`kvtoll.cli.main`) adds :data:`app` as ``bench`` when it is built;
+the heavy modules (embedder, FAISS) load only when ``semantic`` runs.
 """
 
 from __future__ import annotations
@@ -12,10 +15,44 @@ from typing import Annotated, Any
 
 import typer
 
+from bench.routing.simulate import SimConfig, simulate
+from bench.routing.trace import TraceRequest, infinite_cache_hit_rate, load_trace
 from kvtoll.cli.errors import fail
 from proxy.routing.policy import POLICY_NAMES, make_policy
-from proxy.routing.simulate import SimConfig, simulate
-from proxy.routing.trace import TraceRequest, infinite_cache_hit_rate, load_trace
+
+app = typer.Typer(help="Benchmarks (print JSON figures).", no_args_is_help=True)
+
+
+@app.command("semantic")
+def semantic_command(
+    pairs: Annotated[Path, typer.Option("--pairs", help="JSONL rows {text_a, text_b, label}")],
+    threshold: Annotated[
+        float | None, typer.Option(help="verifier threshold (default: the shipped one)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="use only the first N pairs")] = None,
+    heldout_only: Annotated[
+        bool, typer.Option("--heldout-only", help="query only the QQP pairs held out of training")
+    ] = False,
+    candidates: Annotated[int, typer.Option(help="nearest entries the verifier scores")] = 4,
+) -> None:
+    """Fill a fresh cache with every text_a, query every text_b, print one JSON object."""
+    from bench.semantic.evaluate import read_pairs, run_pair_bench_sync
+
+    if not pairs.is_file():
+        fail(f"--pairs: no such file: {pairs}")
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        fail("--threshold must be between 0 and 1")
+    if (limit is not None and limit < 1) or candidates < 1:
+        fail("--limit and --candidates must be positive")
+    try:
+        rows = read_pairs(pairs)
+    except (ValueError, UnicodeDecodeError) as exc:
+        fail(str(exc))
+    rows = rows[:limit] if limit else rows
+    report = run_pair_bench_sync(
+        rows, threshold=threshold, heldout_only=heldout_only, candidates=candidates
+    )
+    typer.echo(json.dumps(report))
 
 
 def run_routing_bench(
@@ -32,6 +69,7 @@ def run_routing_bench(
     return results
 
 
+@app.command("routing")
 def routing_command(
     trace: Annotated[Path, typer.Option("--trace", help="Mooncake-format JSONL trace")],
     workers: Annotated[int, typer.Option("--workers", help="simulated workers")] = 4,
@@ -85,3 +123,8 @@ def _read_trace(trace: Path, limit: int | None) -> list[TraceRequest]:
     if not requests:
         fail(f"trace file has no requests: {trace}")
     return requests
+
+
+def register(root: typer.Typer) -> None:
+    """Add ``kvtoll bench`` to the root CLI (:mod:`kvtoll.cli.main` loads this on use)."""
+    root.add_typer(app, name="bench")

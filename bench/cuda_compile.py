@@ -41,8 +41,6 @@ KERNEL_MODULES = (
     "engine.kernels.decode_attention",
     "engine.kernels.extend_attention",
     "engine.kernels.kv_write",
-    "engine.kernels.kv_write_int8",
-    "engine.kernels.rope_kv_write",
 )
 # An async global -> shared copy and its size operand (4, 8 or 16 bytes per thread).
 CP_ASYNC = r"cp\.async\.(c[ag])\.shared\.global\S*\s*\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)"
@@ -283,8 +281,7 @@ def launch_all(shape: LaunchShape, int8: bool) -> None:
     from engine.kernels.decode_attention import paged_decode_attention
     from engine.kernels.extend_attention import extend_attention
     from engine.kernels.kv_write import write_kv
-    from engine.kernels.kv_write_int8 import allocate_int8_cache, write_kv_int8
-    from engine.kernels.rope_kv_write import rope_write_kv
+    from engine.kernels.launch import KVScales
 
     h, hkv, d, bs, dt = (shape.num_heads, shape.num_kv_heads, shape.head_dim,
                          shape.block_size, shape.dtype)  # fmt: skip
@@ -300,19 +297,17 @@ def launch_all(shape: LaunchShape, int8: bool) -> None:
     q = torch.zeros(tokens, h, d, dtype=dt)
     k = torch.zeros(tokens, hkv, d, dtype=dt)
     slots = torch.arange(tokens, dtype=torch.int64)
-    positions = torch.arange(tokens, dtype=torch.int64)
-    table = torch.zeros(context, d, dtype=dt)
     scale = d**-0.5
     if int8:
-        k8, v8, scales = allocate_int8_cache(num_blocks, bs, hkv, d, "cpu")
-        write_kv_int8(k, k, k8, v8, scales, slots)
+        k8 = torch.zeros(num_blocks, bs, hkv, d, dtype=torch.int8)
+        v8 = torch.zeros_like(k8)
+        scales = KVScales(torch.ones(num_blocks, bs, hkv), torch.ones(num_blocks, bs, hkv))
         paged_decode_attention(q[:num_seqs], k8, v8, tables, seq_lens, scale,
                                max_seq_len=context, kv_scales=scales)  # fmt: skip
         extend_attention(q, k8, v8, qsl, seq_lens, tables, scale, max_query_len=new_tokens,
                          kv_scales=scales)  # fmt: skip
         return
     write_kv(k, k, k_cache, v_cache, slots)
-    rope_write_kv(q, k, k, k_cache, v_cache, slots, positions, table, table)
     paged_decode_attention(q[:num_seqs], k_cache, v_cache, tables, seq_lens, scale,
                            max_seq_len=context)  # fmt: skip
     extend_attention(q, k_cache, v_cache, qsl, seq_lens, tables, scale, max_query_len=new_tokens)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.semantic.evaluate import Pair
-from proxy.semantic.pair_metrics import forced_queries, precision_views, summary
+from bench.semantic.evaluate import Pair
+from bench.semantic.pair_metrics import forced_queries, precision_views, summary
 
 
 def test_forced_queries_are_other_pairs_prompts_only() -> None:
