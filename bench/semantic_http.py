@@ -66,9 +66,9 @@ def serve_gateway(
     from proxy.app import create_app
     from proxy.deps import get_key
     from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.gateway import SemanticCacheAdapter
     from proxy.semantic.routes import build_cache_router
     from proxy.semantic.service import SemanticConfig
-    from proxy.semantic_bridge import SemanticCacheAdapter
     from proxy.server import server_config
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
