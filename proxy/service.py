@@ -169,7 +169,7 @@ class Gateway:
         request = UpstreamRequest(
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
             salt=self._salt(prep.identity.tenant_id),
-            prompt_token_ids=prep.prompt.token_ids,
+            prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)
