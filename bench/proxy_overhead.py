@@ -4,7 +4,7 @@ beside the peer gateways the issue names, in the same run.
 A fixed-latency OpenAI-compatible upstream (``fixed_upstream.py``, started by this script:
 ``--upstream-ms`` of sleep, then a short chat completion, streamed or whole) runs in
 its own process; the gateway runs in another (uvicorn configured as ``kvtoll serve``
-does, :func:`proxy.server.server_config`; the real ``create_app`` with key auth and
+does, :func:`proxy.cli.serve.server_config`; the real ``create_app`` with key auth and
 metering on SQLite, the upstream reached with ``HttpUpstream``). The baseline is the
 same client calling the upstream directly; the peers are Portkey's gateway and the
 LiteLLM proxy in front of the same upstream (``gateway_peers.py``; installed by
@@ -82,7 +82,7 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
     from billing.db import make_engine, session_factory
     from kvtoll.settings import load_settings
     from proxy.app import create_app
-    from proxy.server import server_config
+    from proxy.cli.serve import server_config
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, redis_url=None,

@@ -66,12 +66,12 @@ def serve_gateway(
     from billing.db import make_engine, session_factory
     from kvtoll.settings import load_settings
     from proxy.app import create_app
+    from proxy.cli.serve import server_config
     from proxy.deps import get_key
     from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.gateway import SemanticCacheAdapter
     from proxy.semantic.routes import build_cache_router
     from proxy.semantic.service import SemanticConfig
-    from proxy.semantic_bridge import SemanticCacheAdapter
-    from proxy.server import server_config
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
     settings = load_settings(
@@ -92,7 +92,7 @@ def serve_gateway(
         semantic=SemanticCacheAdapter(cache), resources=[cache],
         extra_routers=[build_cache_router(cache, get_key)],
     )  # fmt: skip
-    # served as `kvtoll serve` serves the gateway (proxy.server.server_config)
+    # served as `kvtoll serve` serves the gateway (proxy.cli.serve.server_config)
     uvicorn.Server(server_config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 

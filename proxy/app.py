@@ -1,6 +1,7 @@
-"""The gateway's FastAPI app, built by :func:`create_app` (nothing happens at import).
-It is a :class:`proxy.asgi.GatewayApp`: the two completion endpoints are served as raw
-ASGI before FastAPI's middleware stack; everything else goes through FastAPI.
+"""The gateway's one ASGI app, built by :func:`create_app` (nothing happens at import):
+a FastAPI app (:class:`proxy.http.completions.GatewayApp`) in which every route is
+mounted once: the two completion endpoints as raw ASGI routes (called straight away
+while the app has no middleware of its own), everything else as FastAPI routes.
 
 The caller builds the expensive parts (settings, database session factory, upstreams,
 optional semantic cache and router) and hands them in; the factory wires auth,
@@ -31,10 +32,12 @@ from engine.api import Tokenizer
 from kvtoll.openai.errors import error_response, install_error_handlers
 from kvtoll.settings import Settings
 from proxy import admin
-from proxy.asgi import CompletionEndpoints, GatewayApp
 from proxy.auth import AuthError, KeyAuthenticator
 from proxy.config import ProxyConfig
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
+from proxy.http import openai as openai_routes
+from proxy.http import ops as ops_routes
+from proxy.http.completions import CompletionEndpoints, GatewayApp
 from proxy.intake import Intake, RateLimited
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
@@ -42,8 +45,6 @@ from proxy.outbox import Outbox
 from proxy.pool import UpstreamPool
 from proxy.prompt import PromptCounter
 from proxy.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
-from proxy.routes import openai as openai_routes
-from proxy.routes import ops as ops_routes
 from proxy.service import Gateway
 from proxy.state import ProxyState
 from proxy.upstream.base import Upstream
@@ -114,11 +115,11 @@ def create_app(
                          limiter, gateway_parts)
     app = GatewayApp(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.kvtoll = state
-    app.state.kvtoll_completions = CompletionEndpoints(state.intake, state.gateway)
     app.state.kvtoll_resources = tuple(resources)
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, _on_rate_limited)
     app.add_exception_handler(BillingError, admin.on_billing_error)
+    app.mount_completions(CompletionEndpoints(state.intake, state.gateway))
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(admin.router)

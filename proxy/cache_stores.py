@@ -12,7 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from proxy.hooks import SemanticAnswer, SemanticCacheHook, SemanticQuery
+from proxy.hooks import SemanticCacheHook
+from proxy.semantic.types import SemanticAnswer, SemanticQuery
 
 log = logging.getLogger(__name__)
 

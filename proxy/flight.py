@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy
-from proxy.hooks import SemanticHit, SemanticQuery
 from proxy.intake import Prepared
+from proxy.semantic.types import SemanticHit, SemanticQuery
 from proxy.tally import Tally
 from proxy.upstream.base import Upstream, UpstreamRequest
 

@@ -1,7 +1,9 @@
 """What the gateway calls on its optional plug-ins: the semantic cache and the router.
 
-The request flow (:mod:`proxy.service`) depends only on these Protocols; the
-semantic-cache and routing packages provide objects that satisfy them, handed to
+The request flow (:mod:`proxy.service`) depends only on these Protocols (the semantic
+cache's with the types of :mod:`proxy.semantic.types`, which the flow uses as they
+are); the semantic-cache and routing packages provide objects that satisfy them
+(:class:`proxy.semantic.gateway.SemanticCacheAdapter`, the routing stack), handed to
 :func:`proxy.app.create_app` (``semantic=``, ``router=``, ``fleet=``). Both are optional: with
 no semantic cache every request goes upstream, with no router the first healthy
 upstream (in the order given) is tried first.
@@ -10,10 +12,9 @@ upstream (in the order given) is tried first.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from billing.models import TenantId
+from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticQuery
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 
 if TYPE_CHECKING:
@@ -21,44 +22,9 @@ if TYPE_CHECKING:
     from proxy.pool import UpstreamPool
 
 
-@dataclass(frozen=True)
-class SemanticQuery:
-    """One request as the semantic cache sees it (identity is server-derived)."""
-
-    tenant_id: TenantId
-    request_id: str  # server-generated; lets feedback name the entry that answered
-    kind: Literal["chat", "completion"]
-    model: str
-    body: dict[str, Any]  # the validated client body, without any salt field
-    threshold: float | None  # tenant policy (None = cache default)
-    allow_sampled: bool  # tenant allows hits for temperature > 0 requests
-
-
-@dataclass(frozen=True)
-class SemanticChoice:
-    text: str
-    finish_reason: str
-
-
-@dataclass(frozen=True)
-class SemanticHit:
-    """A stored answer judged equivalent to the query."""
-
-    choices: tuple[SemanticChoice, ...]
-    similarity: float
-    completion_tokens: int  # of the stored answer (the gateway counts the new prompt)
-
-
-@dataclass(frozen=True)
-class SemanticAnswer:
-    """A complete upstream answer offered for storage (only ``stop`` answers are sent)."""
-
-    choices: tuple[SemanticChoice, ...]
-    prompt_tokens: int
-    completion_tokens: int
-
-
 class SemanticCacheHook(Protocol):
+    """The semantic cache as the gateway sees it."""
+
     async def lookup(self, query: SemanticQuery) -> SemanticHit | None:
         """A verified hit for ``query`` in its tenant's partition, or ``None``."""
         ...

@@ -37,14 +37,20 @@ from proxy.ratelimit import KeyLimits, RateLimiter
 Kind = Literal["chat", "completion"]
 
 
+# What admission settles in the parsed request: no client salt, one max_tokens.
+_ADMITTED_FIELDS: dict[str, Any] = {"cache_salt": None, "max_completion_tokens": None}
+
+
 @dataclass(frozen=True)
 class Prepared:
-    """An authenticated, validated, admitted request."""
+    """An authenticated, validated, admitted request: the body was parsed once, here;
+    every later layer reads ``request`` (typed) or ``body`` (the same request as the
+    JSON object sent upstream and keyed by the semantic cache), never the raw bytes."""
 
     request_id: str
     kind: Kind
     identity: KeyIdentity
-    request: OpenAIRequest
+    request: OpenAIRequest  # as admitted: max_tokens filled in, no salt
     body: dict[str, Any]  # client body minus salt fields, max_tokens filled in
     admitted: Admitted
     prompt: PromptCount
@@ -181,9 +187,11 @@ class Intake:
         body = strip_client_salt(data)
         body.pop("max_completion_tokens", None)
         body["max_tokens"] = admitted.max_tokens
+        admitted_fields = {**_ADMITTED_FIELDS, "max_tokens": admitted.max_tokens}
+        normalized = request.model_copy(update=admitted_fields)
         no_cache, no_store = cache_directives(cache_control)
         return Prepared(
-            request_id=self._new_request_id(), kind=kind, identity=identity, request=request,
+            request_id=self._new_request_id(), kind=kind, identity=identity, request=normalized,
             body=body, admitted=admitted, prompt=prompt, arrived_at=arrived_at,
             started=started, no_cache=no_cache, no_store=no_store,
         )

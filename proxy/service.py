@@ -41,21 +41,17 @@ from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
 from proxy.flight import Flight, billable_tokens, ledger_entry
-from proxy.hooks import (
-    RouterHook,
-    SemanticCacheHook,
-    SemanticHit,
-    SemanticQuery,
-)
+from proxy.hooks import RouterHook, SemanticCacheHook
 from proxy.intake import Prepared
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
-from proxy.semantic_bridge import answer_of, hit_items, query_of
+from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
 from proxy.upstream.base import (
     Upstream,
+    UpstreamDelta,
     UpstreamError,
     UpstreamRejected,
     UpstreamRequest,
@@ -147,7 +143,7 @@ class Gateway:
     async def open(self, prep: Prepared, endpoint: str) -> Reply:
         """Start answering ``prep``; raises :class:`OpenAIError` if no upstream can."""
         if self._semantic is not None:
-            query = query_of(prep)
+            query = _query(prep)
             if not prep.no_cache:
                 hit = await self._semantic.lookup(query)
                 self._metrics.record_semantic_lookup(hit is not None)
@@ -162,7 +158,7 @@ class Gateway:
     ) -> Reply:
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.SEMANTIC, hit=hit,
                          query=query)
-        source = _aiter(hit_items(hit, prep.prompt.num_tokens))
+        source = _replay(hit, prep.prompt.num_tokens)
         items = self._relay(flight, source)
         return Reply(prep.request_id, None, True, prep.no_cache, items, flight.tally,
                      similarity=hit.similarity, abandon=partial(self._abandon, flight, source))
@@ -173,7 +169,7 @@ class Gateway:
         request = UpstreamRequest(
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
             salt=self._salt(prep.identity.tenant_id),
-            prompt_token_ids=prep.prompt.token_ids,
+            prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)
@@ -339,8 +335,7 @@ class Gateway:
         if (self._stores is None or flight.query is None or flight.prep.no_store
                 or not flight.tally.all_stopped()):
             return
-        answer = answer_of(flight.tally, flight.prep.admitted.prompt_tokens)
-        self._stores.offer(flight.query, answer)
+        self._stores.offer(flight.query, _answer(flight.tally, flight.prep.admitted.prompt_tokens))
 
     async def aclose(self) -> None:
         """Wait for background cache stores to finish."""
@@ -348,9 +343,29 @@ class Gateway:
             await self._stores.aclose()
 
 
-async def _aiter(items: Sequence[Item]) -> AsyncIterator[Item]:
-    for item in items:
-        yield item
+def _query(prep: Prepared) -> SemanticQuery:
+    """What the semantic cache is asked for ``prep`` (tenant from the key, never the body)."""
+    return SemanticQuery(
+        tenant_id=prep.identity.tenant_id, request_id=prep.request_id, kind=prep.kind,
+        model=prep.model, body=prep.body, threshold=prep.identity.semantic_threshold,
+        allow_sampled=prep.identity.semantic_allow_sampled,
+    )
+
+
+async def _replay(hit: SemanticHit, prompt_tokens: int) -> AsyncIterator[Item]:
+    """A hit as upstream items: one delta per choice, then the usage (the whole prompt
+    counts as cached: no prefill happened)."""
+    for i, choice in enumerate(hit.choices):
+        yield UpstreamDelta(index=i, text=choice.text, finish_reason=choice.finish_reason)
+    yield UpstreamUsage(prompt_tokens=prompt_tokens, completion_tokens=hit.completion_tokens,
+                        cached_tokens=prompt_tokens)
+
+
+def _answer(tally: Tally, prompt_tokens: int) -> SemanticAnswer:
+    """A complete upstream answer as offered to the cache."""
+    choices = tuple(SemanticChoice(c.text, c.finish_reason or "stop") for c in tally.choices())
+    return SemanticAnswer(choices=choices, completion_tokens=tally.completion_tokens(),
+                          prompt_tokens=tally.usage.prompt_tokens if tally.usage else prompt_tokens)
 
 
 async def _close(stream: AsyncIterator[Item]) -> None:

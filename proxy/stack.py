@@ -158,26 +158,11 @@ def _local_parts(settings: Settings) -> _Parts:
     return parts
 
 
-class _SemanticLifecycle:
-    """Starts the semantic cache: with Redis, load and follow the other replicas'
-    changes; in-process, only load (there is nobody to follow)."""
-
-    def __init__(self, cache: Any, *, follow: bool) -> None:
-        self._cache = cache
-        self._follow = follow
-
-    async def start(self) -> None:
-        await (self._cache.start() if self._follow else self._cache.load())
-
-    async def aclose(self) -> None:
-        await self._cache.aclose()
-
-
 def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Session]) -> None:
     from proxy.deps import get_key, require_admin
     from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.gateway import SemanticCacheAdapter
     from proxy.semantic.routes import build_admin_cache_router, build_cache_router
-    from proxy.semantic_bridge import SemanticCacheAdapter
 
     cache = build_semantic_cache(settings.redis_url)
 
@@ -186,8 +171,9 @@ def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Sessi
             tenant = get_tenant_by_name(session, name)
             return None if tenant is None else tenant.id
 
-    parts.semantic = SemanticCacheAdapter(cache)
-    parts.resources.append(_SemanticLifecycle(cache, follow=bool(settings.redis_url)))
+    adapter = SemanticCacheAdapter(cache, follow=bool(settings.redis_url))
+    parts.semantic = adapter
+    parts.resources.append(adapter)
     parts.routers += [build_cache_router(cache, get_key),
                       build_admin_cache_router(cache, require_admin, resolve_tenant)]
 

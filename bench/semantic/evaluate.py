@@ -260,7 +260,8 @@ def _outcome(pair: Pair, i: int, result: LookupResult, owners: dict[EntryId, set
     """miss | correct | own_label_0 | other_entry."""
     if result.hit is None:
         return "miss"
-    if i not in owners.get(result.hit.entry.entry_id, set()):
+    entry = result.hit.entry
+    if entry is None or i not in owners.get(entry.entry_id, set()):
         return "other_entry"
     return "correct" if pair.label == 1 else "own_label_0"
 

@@ -10,11 +10,13 @@ line and exits 2 before the server starts.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import uvicorn
 
 from kvtoll.cli.errors import fail
+from kvtoll.server import check_port_free, uvicorn_config
 from kvtoll.settings import load_settings
 
 if TYPE_CHECKING:
@@ -23,11 +25,15 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 8000
 
 
-def _run(host: str, port: int, options: ServeOptions) -> None:
-    import uvicorn
+def server_config(app: Any, *, host: str, port: int, log_level: str = "info",
+                  **options: Any) -> uvicorn.Config:
+    """How the gateway is served (here, and by tests and benchmarks that serve it as
+    ``kvtoll serve`` does): :func:`kvtoll.server.uvicorn_config` with fast I/O, lifespan
+    on (the app starts and stops its background loops there)."""
+    return uvicorn_config(app, host, port, log_level, fast=True, lifespan="on", **options)
 
-    from kvtoll.server import check_port_free
-    from proxy.server import server_config
+
+def _run(host: str, port: int, options: ServeOptions) -> None:
     from proxy.stack import build_stack
 
     settings = load_settings()
@@ -41,8 +47,7 @@ def _run(host: str, port: int, options: ServeOptions) -> None:
     try:
         models = ", ".join(stack.model_names)
         typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
-        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level,
-                               timeout_graceful_shutdown=5)
+        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level)
         uvicorn.Server(config).run()
     finally:
         stack.close()

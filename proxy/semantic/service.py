@@ -31,8 +31,9 @@ from proxy.semantic.embedder import Embedder, MicroBatcher
 from proxy.semantic.index import FaissIndex
 from proxy.semantic.keys import CacheKey, NotCacheable, PartitionKey, build_cache_key
 from proxy.semantic.mirror import IndexFactory, Mirror, Slot
-from proxy.semantic.stats import LookupResult, LookupTiming, SemanticHit, SemanticStats
+from proxy.semantic.stats import LookupResult, LookupTiming, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
+from proxy.semantic.types import SemanticHit
 from proxy.semantic.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ class SemanticCache:
                 continue
             if request_id is not None:
                 await self._store.remember_request(tenant_id, request_id, entry.entry_id)
-            return SemanticHit(entry=entry, similarity=sim, score=score)
+            return SemanticHit.of_entry(entry, sim)
         return None
 
     async def store(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from proxy.semantic.store import CacheEntry
+from proxy.semantic.types import SemanticHit
 
 
 @dataclass(frozen=True)
@@ -18,15 +18,6 @@ class LookupTiming:
     @property
     def total_ms(self) -> float:
         return self.embed_ms + self.search_ms + self.verify_ms
-
-
-@dataclass(frozen=True)
-class SemanticHit:
-    """A verified cached answer: the entry, its cosine similarity and verifier score."""
-
-    entry: CacheEntry
-    similarity: float
-    score: float
 
 
 @dataclass(frozen=True)

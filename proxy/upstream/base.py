@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from engine.kv.hashing import TenantSalt
+from kvtoll.openai.protocol import OpenAIRequest
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class UpstreamRequest:
     body: dict[str, Any]
     salt: TenantSalt  # server-derived from tenant id + server secret
     prompt_token_ids: tuple[int, ...] | None = None  # when the proxy tokenized already
+    # ``body`` as the gateway parsed it (once, at intake); None: the upstream validates
+    # ``body`` itself (requests built outside the gateway).
+    parsed: OpenAIRequest | None = None
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ class InProcessUpstream:
     def prepare(self, request: UpstreamRequest) -> PreparedRequest:
         """The engine input for ``request``; :class:`UpstreamRejected` if invalid."""
         try:
-            parsed = parse_request(request.kind, request.body)
+            parsed = request.parsed
+            if parsed is None:
+                parsed = parse_request(request.kind, request.body)
             return prepare(
                 parsed,
                 self._engine.tokenizer(),

@@ -19,7 +19,7 @@ from billing import accounts, pricing
 from billing.models import UsageRecord
 from kvtoll.settings import Settings
 from proxy.app import create_app
-from proxy.server import server_config
+from proxy.cli.serve import server_config
 
 MODEL = "test-model"
 ADMIN_TOKEN = "a-long-and-random-admin-token-for-tests"
@@ -69,7 +69,7 @@ def free_port() -> int:
 
 class LiveServer:
     """``app`` served in a thread on 127.0.0.1:<free port>, configured as ``kvtoll serve``
-    serves it (:func:`proxy.server.server_config`)."""
+    serves it (:func:`proxy.cli.serve.server_config`)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.port = free_port()

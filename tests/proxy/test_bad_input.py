@@ -126,3 +126,21 @@ def test_client_salt_is_ignored(server: LiveServer, http: httpx.Client, tenants:
     assert "cache_salt" not in sent.body
     assert sent.salt == derive_tenant_salt(b"test-server-secret", tenants.tenant_a)
     assert sent.salt != derive_tenant_salt(b"test-server-secret", tenants.tenant_b)
+
+
+def test_the_upstream_gets_the_request_parsed_once_as_admitted(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    """The body is parsed once, at intake: the upstream receives that typed request as
+    admitted (client salt dropped, ``max_completion_tokens`` as ``max_tokens``), the
+    same request as the body it is sent, so no upstream has to validate it again."""
+    from kvtoll.openai.protocol import parse_request
+
+    app: Any = server.server.config.app
+    upstream: ScriptedUpstream = app.state.kvtoll.pool.upstreams[0]
+    response = http.post(CHAT, json=_chat(cache_salt="00" * 16, max_completion_tokens=7))
+    assert response.status_code == 200
+    sent = upstream.seen[-1]
+    assert sent.parsed is not None and sent.parsed == parse_request("chat", sent.body)
+    assert sent.parsed.cache_salt is None and sent.parsed.max_completion_tokens is None
+    assert sent.parsed.max_tokens == sent.body["max_tokens"] == 7

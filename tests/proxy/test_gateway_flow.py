@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.models import RequestStatus, ServedBy
 from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
-from proxy.hooks import SemanticAnswer, SemanticHit, SemanticQuery
+from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticQuery
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream

@@ -11,6 +11,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
+from kvtoll.openai.protocol import parse_request
 from proxy.upstream.base import (
     UpstreamDelta,
     UpstreamRejected,
@@ -82,6 +83,18 @@ async def test_pre_tokenized_prompt_is_used(upstream: InProcessUpstream, spy: Sp
     ids = (5, 6, 7, 8, 9)
     usage = (await _run(upstream, _req(_chat(max_tokens=1), prompt_token_ids=ids)))[1]
     assert spy.requests[0].prompt_token_ids == ids and usage.prompt_tokens == 5
+
+
+async def test_the_gateway_parsed_request_is_not_validated_again(
+    upstream: InProcessUpstream,
+) -> None:
+    """The gateway parses a body once (intake): the request it hands over is used as it
+    is (an empty ``body`` here would be a 400 if it were validated again)."""
+    parsed = parse_request("chat", _chat(max_tokens=3, ignore_eos=True))
+    deltas, usage = await _run(upstream, _req({}, parsed=parsed))
+    assert usage.completion_tokens == 3 and deltas[-1].finish_reason == "length"
+    with pytest.raises(UpstreamRejected):
+        await _run(upstream, _req({}))
 
 
 async def test_logprobs_in_openai_shape(upstream: InProcessUpstream) -> None:

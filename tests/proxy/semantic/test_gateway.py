@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from billing.models import TenantId
-from proxy.hooks import SemanticAnswer, SemanticChoice, SemanticQuery
 from proxy.semantic.factory import build_semantic_cache
-from proxy.semantic_bridge import SemanticCacheAdapter
+from proxy.semantic.gateway import SemanticCacheAdapter
+from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticQuery
 
 
 def _query(tenant: int, text: str) -> SemanticQuery:

@@ -1,4 +1,4 @@
-"""proxy.server: writes within one event-loop step leave in one ``write`` of the real
+"""kvtoll.server: writes within one event-loop step leave in one ``write`` of the real
 transport, in order; nothing is held past the step; close flushes, abort drops; and a
 real uvicorn server with this protocol answers keep-alive requests in one segment."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from proxy.server import CoalescingTransport
+from kvtoll.server import CoalescingTransport
 from tests.proxy.helpers import LiveServer
 
 

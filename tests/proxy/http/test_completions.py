@@ -1,5 +1,5 @@
-"""The completion endpoints' raw ASGI dispatch (proxy.asgi): same answers through the
-fast dispatch and through FastAPI's router (an app under a root_path), errors in
+"""The completion endpoints' raw ASGI routes (proxy.http.completions): same answers at
+the root and for an app under a root_path, errors in
 OpenAI's shape, a body sent in several chunks, a client gone before its body, an
 unexpected failure as a 500 object, and the paths documented in /openapi.json."""
 
@@ -72,7 +72,7 @@ def app(settings: Settings, db: sessionmaker[Session], tenants: Tenants) -> Fast
 def test_same_answers_fast_and_through_the_router(
     app: FastAPI, tenants: Tenants, db: sessionmaker[Session], root_path: str
 ) -> None:
-    """Under a root_path FastAPI routes the request (no fast dispatch): same handler."""
+    """Under a root_path the router strips it: same handler, same answers."""
     body = json.dumps(GOOD).encode()
 
     async def run() -> list[tuple[int, dict[str, str], bytes]]:
@@ -165,3 +165,38 @@ def test_openapi_documents_the_completion_paths(app: FastAPI) -> None:
     assert messages["items"]["$ref"].removeprefix("#/components/schemas/") in (
         schema["components"]["schemas"])
     assert "/v1/models" in schema["paths"]  # FastAPI's own routes are still there
+
+
+def test_app_middleware_sees_the_completion_routes(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    """The completion paths are mounted once, in the app: middleware added to the app
+    wraps them like every other route (no dispatch around it)."""
+    seen: list[str] = []
+
+    class Tag:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            seen.append(scope.get("path", ""))
+
+            async def tagged(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message["headers"], (b"x-tag", b"1")]
+                await send(message)
+
+            await self.app(scope, receive, tagged)
+
+    app = build_app(settings, db, upstreams=[ScriptedUpstream(num_words=3)])
+    app.add_middleware(Tag)
+    with TestClient(app) as client:
+        auth = {"Authorization": f"Bearer {tenants.key_a}"}
+        ok = client.post(CHAT, json=GOOD, headers=auth)
+        refused = client.post(CHAT, json=GOOD)
+        wrong_method = client.get(CHAT, headers=auth)
+    assert ok.status_code == 200 and ok.headers["x-tag"] == "1"
+    assert refused.status_code == 401 and refused.headers["x-tag"] == "1"
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == (
+        "method_not_allowed")
+    assert seen.count(CHAT) == 3

@@ -1,1 +1,0 @@
-"""Thin HTTP routes of the gateway: parse → call a service → render."""

@@ -1,0 +1,36 @@
+"""The semantic cache as the gateway uses it: a :class:`proxy.hooks.SemanticCacheHook`
+(lookups and stores by :class:`~proxy.semantic.types.SemanticQuery`) and a resource the
+app starts and closes."""
+
+from __future__ import annotations
+
+from proxy.semantic.service import SemanticCache
+from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticQuery
+
+
+class SemanticCacheAdapter:
+    """``cache`` behind the gateway's hook. ``follow``: on start, load the mirror and
+    follow the other replicas' changes (a shared store); else only load it."""
+
+    def __init__(self, cache: SemanticCache, *, follow: bool = False) -> None:
+        self.cache = cache
+        self._follow = follow
+
+    async def lookup(self, query: SemanticQuery) -> SemanticHit | None:
+        """The cache's verified hit for ``query``, or None."""
+        return await self.cache.lookup(
+            query.tenant_id, query.body, allow_sampled=query.allow_sampled,
+            threshold=query.threshold, request_id=query.request_id,
+        )
+
+    async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
+        """Offer a complete answer, stored as the OpenAI object a client received."""
+        await self.cache.store(query.tenant_id, query.body,
+                               answer.as_response(query.kind, query.model),
+                               allow_sampled=query.allow_sampled)
+
+    async def start(self) -> None:
+        await (self.cache.start() if self._follow else self.cache.load())
+
+    async def aclose(self) -> None:
+        await self.cache.aclose()

@@ -1,0 +1,91 @@
+"""What crosses the seam between the gateway and the semantic cache: the query the
+gateway asks (:class:`SemanticQuery`), the verified hit the cache answers with
+(:class:`SemanticHit`, the one hit type from lookup to response) and a complete answer
+offered for storage (:class:`SemanticAnswer`).
+
+An entry stores the OpenAI response object a client received:
+:meth:`SemanticAnswer.as_response` writes it, :meth:`SemanticHit.of_entry` reads it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from billing.models import TenantId
+from kvtoll.openai.responses import (
+    ChoiceResult,
+    ResponseMeta,
+    chat_completion,
+    text_completion,
+    usage_dict,
+)
+
+if TYPE_CHECKING:
+    from proxy.semantic.store import CacheEntry
+
+
+@dataclass(frozen=True)
+class SemanticQuery:
+    """One request as the semantic cache sees it (identity is server-derived)."""
+
+    tenant_id: TenantId
+    request_id: str  # server-generated; lets feedback name the entry that answered
+    kind: Literal["chat", "completion"]
+    model: str
+    body: dict[str, Any]  # the validated client body, without any salt field
+    threshold: float | None  # tenant policy (None = cache default)
+    allow_sampled: bool  # tenant allows hits for temperature > 0 requests
+
+
+@dataclass(frozen=True)
+class SemanticChoice:
+    text: str
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class SemanticHit:
+    """A stored answer judged equivalent to the query."""
+
+    choices: tuple[SemanticChoice, ...]
+    similarity: float
+    completion_tokens: int  # of the stored answer (the gateway counts the new prompt)
+    entry: CacheEntry | None = None  # the entry that answered (None: not from a store)
+
+    @staticmethod
+    def of_entry(entry: CacheEntry, similarity: float) -> SemanticHit:
+        """The hit an entry gives: its choices' text and finish reasons, its usage."""
+        answer = entry.answer
+        choices = tuple(
+            SemanticChoice(text=_choice_text(c), finish_reason=str(c.get("finish_reason")))
+            for c in answer.get("choices", [])
+        )
+        usage = answer.get("usage") or {}
+        return SemanticHit(choices, float(similarity), int(usage.get("completion_tokens", 0)),
+                           entry)
+
+
+@dataclass(frozen=True)
+class SemanticAnswer:
+    """A complete upstream answer offered for storage (only ``stop`` answers are sent)."""
+
+    choices: tuple[SemanticChoice, ...]
+    prompt_tokens: int
+    completion_tokens: int
+
+    def as_response(self, kind: Literal["chat", "completion"], model: str) -> dict[str, Any]:
+        """The OpenAI object a client received for this answer (what an entry stores)."""
+        results = [ChoiceResult(index=i, text=c.text, finish_reason=c.finish_reason)
+                   for i, c in enumerate(self.choices)]
+        usage = usage_dict(self.prompt_tokens, self.completion_tokens, 0)
+        build = chat_completion if kind == "chat" else text_completion
+        return build(ResponseMeta.new(kind, model), results, usage)
+
+
+def _choice_text(choice: Mapping[str, Any]) -> str:
+    message = choice.get("message")
+    if isinstance(message, Mapping):
+        return str(message.get("content") or "")
+    return str(choice.get("text") or "")
