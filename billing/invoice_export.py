@@ -127,22 +127,24 @@ def to_json(doc: InvoiceDocument) -> str:
         "savings_usd": exact_usd(doc.savings_pico),
         "total_pico": doc.total_pico,
         "list_pico": doc.list_pico,
-        "lines": [
-            {
-                "model": line.model,
-                "kind": line.kind,
-                "quantity": line.quantity,
-                "unit_price_usd_per_1m": _unit_text(line),
-                "amount_usd": exact_usd(line.amount_pico),
-                "list_usd": exact_usd(line.list_pico),
-                "savings_usd": exact_usd(line.list_pico - line.amount_pico),
-                "amount_pico": line.amount_pico,
-                "list_pico": line.list_pico,
-            }
-            for line in doc.lines
-        ],
+        "lines": [line_json(line) for line in doc.lines],
     }
     return json.dumps(payload, indent=2) + "\n"
+
+
+def line_json(line: DocumentLine) -> dict[str, object]:
+    """One invoice line as JSON: exact decimal strings and integer picodollars."""
+    return {
+        "model": line.model,
+        "kind": line.kind,
+        "quantity": line.quantity,
+        "unit_price_usd_per_1m": _unit_text(line),
+        "amount_usd": exact_usd(line.amount_pico),
+        "list_usd": exact_usd(line.list_pico),
+        "savings_usd": exact_usd(line.list_pico - line.amount_pico),
+        "amount_pico": line.amount_pico,
+        "list_pico": line.list_pico,
+    }
 
 
 CSV_HEADER = (

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.invoice_export import exact_usd
+from billing.invoice_export import KIND_LABELS, exact_usd
+from billing.invoice_preview import InvoicePreview, preview_invoice
 from billing.invoices import list_invoices
 from billing.models import ApiKey, Invoice, Tenant
 from billing.usage import (
@@ -100,6 +101,22 @@ def invoice_rows(invoices: Sequence[Invoice], base: str, names: Mapping[int, str
     ]
 
 
+def preview_view(draft: InvoicePreview) -> dict[str, Any]:
+    """The open month's draft invoice (lines, total, list price, savings) for a page."""
+    return {
+        "period": draft.period,
+        "as_of": draft.as_of.strftime("%Y-%m-%d %H:%M UTC"),
+        "total": exact_usd(draft.total_pico),
+        "list": exact_usd(draft.list_pico),
+        "savings": exact_usd(draft.savings_pico),
+        "lines": [
+            {"model": line.model, "kind": KIND_LABELS.get(line.kind, line.kind),
+             "quantity": line.quantity, "amount": exact_usd(line.amount_pico)}
+            for line in draft.lines
+        ],
+    }
+
+
 def _key_labels(session: Session, tenant_id: int) -> dict[str, str]:
     stmt = select(ApiKey.id, ApiKey.name, ApiKey.display_prefix).where(
         ApiKey.tenant_id == tenant_id
@@ -130,6 +147,7 @@ def tenant_context(
     labels = _key_labels(session, tenant_id)
     by_model = sorted(roll_up(rows, lambda r: r.model).items())
     by_key = roll_up(rows, lambda r: r.api_key_id or "")
+    tenant = session.get(Tenant, tenant_id)
     return {
         "totals": totals_view(sum_rows(bucketed)),
         "chart": series(bucketed, start, end, width),
@@ -139,6 +157,7 @@ def tenant_context(
             key=lambda view: view["name"],
         ),
         "invoices": invoice_rows(list_invoices(session, tenant_id), "/v1/invoices", {}),
+        "preview": None if tenant is None else preview_view(preview_invoice(session, tenant)),
     }
 
 
