@@ -19,7 +19,9 @@ from sqlalchemy.orm import Session
 
 from billing.invoices import get_invoice
 from billing.models import Invoice, Tenant
-from billing.money import pico_to_usd, price_per_1m_usd
+from billing.money import exact_usd, price_per_1m_usd
+
+__all__ = ["exact_usd"]  # re-exported: it lived here first
 
 KIND_LABELS = {
     "uncached_input": "Input tokens (uncached)",
@@ -38,14 +40,6 @@ class ExportFormat(enum.StrEnum):
     @property
     def media_type(self) -> str:
         return {"csv": "text/csv", "json": "application/json", "pdf": "application/pdf"}[self]
-
-
-def exact_usd(pico: int) -> str:
-    """``pico`` as an exact USD decimal string with at least two decimals."""
-    value = pico_to_usd(pico)
-    text = f"{value:.12f}".rstrip("0")
-    whole, _, frac = text.partition(".")
-    return f"{whole}.{frac.ljust(2, '0')}"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "tenant": LazyCommand("billing.cli", "Create and list tenants; set their policy."),
     "key": LazyCommand("billing.cli", "Create, list and revoke API keys."),
     "price": LazyCommand("billing.cli", "Prices per model (USD per 1M tokens)."),
+    "budget": LazyCommand("billing.cli", "Monthly spend budgets per tenant and key."),
     "invoice": LazyCommand("billing.invoice_cli", "Close billing periods and export invoices."),
     "bench": LazyCommand("proxy.cli.bench", "Benchmarks (print JSON figures)."),
 }
