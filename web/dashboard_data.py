@@ -14,10 +14,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from billing.budgets import BudgetStatus, budget_statuses
 from billing.invoice_export import KIND_LABELS, exact_usd
 from billing.invoice_preview import InvoicePreview, preview_invoice
 from billing.invoices import list_invoices
 from billing.models import ApiKey, Invoice, Tenant
+from billing.money import ppm_to_fraction
 from billing.usage import (
     BucketWidth,
     GroupBy,
@@ -117,6 +119,27 @@ def preview_view(draft: InvoicePreview) -> dict[str, Any]:
     }
 
 
+STATE_LABELS = {"ok": "ok", "alert": "alert: past threshold", "exceeded": "limit reached"}
+
+
+def budget_rows(statuses: Sequence[BudgetStatus], labels: Mapping[str, str]) -> list[dict]:
+    """Budgets with this month's spend (from the ledger) for a page."""
+    return [
+        {
+            "tenant": s.budget.tenant_name,
+            "scope": "whole tenant" if s.budget.api_key_id is None
+            else f"key {labels.get(s.budget.api_key_id, s.budget.api_key_id)}",
+            "limit": exact_usd(s.budget.terms.limit_pico),
+            "spent": exact_usd(s.spent_pico),
+            "used": f"{s.budget.terms.percent_used(s.spent_pico)}%",
+            "alert_at": f"{ppm_to_fraction(s.budget.terms.alert_ppm * 100)}%",
+            "state": s.state,
+            "state_label": STATE_LABELS[s.state],
+        }
+        for s in statuses
+    ]
+
+
 def _key_labels(session: Session, tenant_id: int) -> dict[str, str]:
     stmt = select(ApiKey.id, ApiKey.name, ApiKey.display_prefix).where(
         ApiKey.tenant_id == tenant_id
@@ -158,6 +181,7 @@ def tenant_context(
         ),
         "invoices": invoice_rows(list_invoices(session, tenant_id), "/v1/invoices", {}),
         "preview": None if tenant is None else preview_view(preview_invoice(session, tenant)),
+        "budgets": budget_rows(budget_statuses(session, tenant_id), labels),
     }
 
 
@@ -189,4 +213,5 @@ def admin_context(
         "worker_columns": columns,
         "workers": [[str(row.get(c, "")) for c in columns] for row in workers],
         "invoices": invoice_rows(list_invoices(session, None)[:50], "/admin/v1/invoices", names),
+        "budgets": budget_rows(budget_statuses(session, None), {}),
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,12 +28,14 @@ from billing.ledger import LedgerEntry, write_usage
 from billing.migrate import upgrade
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from kvtoll.settings import Settings
+from proxy.upstream.base import UpstreamDelta, UpstreamRejected, UpstreamRequest
 from tests.proxy.helpers import (
     MODEL,
     LiveServer,
     Tenants,
     build_app,
     ledger_count,
+    ledger_rows,
     seed,
     settled_rows,
 )
@@ -156,3 +159,26 @@ def test_concurrent_burst_through_two_gateways_ends_at_most_one_request_over(
     engine.dispose()
     spent = sum(r.billed_pico for r in rows)
     assert LIMIT <= spent < LIMIT + max(r.billed_pico for r in rows)
+
+
+class _Rejecting(ScriptedUpstream):
+    """An upstream that refuses every request as invalid (a 4xx, no ledger row)."""
+
+    async def _stream(self, request: UpstreamRequest) -> AsyncIterator[UpstreamDelta]:
+        raise UpstreamRejected("the upstream does not like this prompt", param="messages")
+        yield UpstreamDelta(index=0, text="", finish_reason=None)  # pragma: no cover
+
+
+def test_holds_of_requests_that_bill_nothing_are_given_back(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    """Each request holds 20e6 of a 40e6 budget while it runs: were the holds of failed
+    requests kept, the third request would be refused for the budget."""
+    tenants = seed(db)
+    _budget(db, "acme", "0.00004")
+    for upstream, status in ((_Rejecting(), 400), (ScriptedUpstream(fail_before_first=True), 502)):
+        app = build_app(settings, db, upstreams=[upstream])
+        with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+            codes = [_chat(client, tenants.key_a).status_code for _ in range(4)]
+        assert codes == [status] * 4
+    assert all(r.billed_pico == 0 for r in ledger_rows(db))  # the 502s: zero rows

@@ -1,5 +1,6 @@
 """``GET /v1/invoices/preview`` and the dashboard's draft of the open month (SQLite and
-PostgreSQL): the tenant's own usage of this month, marked draft, with no invoice id."""
+PostgreSQL): the tenant's own usage of this month, marked draft, with no invoice id;
+the dashboards' budget tables with this month's spend."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from datetime import UTC, datetime, timedelta
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.budgets import set_budget
 from billing.invoice_export import exact_usd
+from billing.money import pico_to_usd
 from kvtoll.settings import Settings
 from tests.web.webseed import (
     ADMIN_TOKEN,
@@ -63,3 +66,30 @@ def test_preview_is_the_callers_open_month_as_a_draft(
     page = client.get("/dashboard")
     assert page.status_code == 200 and 'id="invoice-preview"' in page.text
     assert f'id="preview-total">{exact_usd(billed)}<' in page.text
+
+
+def test_dashboards_show_budgets_with_this_months_spend(
+    web_factory: sessionmaker[Session], settings: Settings
+) -> None:
+    add_prices(web_factory)
+    alpha = add_tenant(web_factory, "alpha", num_keys=1)
+    now = datetime.now(UTC)
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    entries = [replace(e, created_at=month) for e in random_entries(random.Random(5), alpha,
+                                                                     month, 1, 6)]
+    record(web_factory, alpha, entries)
+    with web_factory() as session:
+        billed, _ = ledger_money(session, alpha.tenant_id, month, month + timedelta(days=32))
+    key_id = next(iter(alpha.keys))
+    with web_factory.begin() as session:  # the tenant's budget is spent; its key's is not
+        set_budget(session, "alpha", None, pico_to_usd(billed), "0.5")
+        set_budget(session, "alpha", key_id, pico_to_usd(billed * 4), "1")
+    client = TestClient(create_web_app(settings, web_factory))
+    client.post("/dashboard/login", data={"api_key": alpha.first_key})
+    page = client.get("/dashboard").text
+    assert page.count('data-state="exceeded"') == 1 and page.count('data-state="ok"') == 1
+    assert f"<td>{exact_usd(billed)}</td>" in page and "alpha-key-0" in page
+    assert ">100%<" in page and ">25%<" in page and ">50%<" in page
+    client.post("/admin/dashboard/login", data={"admin_token": ADMIN_TOKEN})
+    admin = client.get("/admin/dashboard").text
+    assert 'id="budget-status"' in admin and admin.count('data-state="exceeded"') == 1
