@@ -19,9 +19,8 @@ from sqlalchemy.orm import Session
 
 from billing.invoices import get_invoice
 from billing.models import Invoice, Tenant
-from billing.money import exact_usd, price_per_1m_usd
-
-__all__ = ["exact_usd"]  # re-exported: it lived here first
+from billing.money import exact_usd as exact_usd  # re-exported: it lived here first
+from billing.money import price_per_1m_usd
 
 KIND_LABELS = {
     "uncached_input": "Input tokens (uncached)",
