@@ -133,19 +133,21 @@ class BudgetGuard:
         return _Scope(self._counter_key(row, month), row.terms, name,
                       (row.tenant_name, row.api_key_id or ""))
 
-    def _scopes(self, identity: KeyIdentity, month: str) -> list[_Scope]:
-        rows = (self._book.tenants.get(identity.tenant_id), self._book.keys.get(identity.key_id))
-        return [self._scope(row, month) for row in rows if row is not None]
+    def _rows(self, identity: KeyIdentity) -> list[BudgetRow]:
+        book = self._book
+        rows = (book.tenants.get(identity.tenant_id), book.keys.get(identity.key_id))
+        return [row for row in rows if row is not None]
 
     async def hold(self, identity: KeyIdentity, model: str, prompt_tokens: int,
                    completion_tokens: int, request_id: str, arrived_at: datetime,
                    ) -> BudgetHold | None:
         """Reserve the request's worst-case cost; :class:`BudgetExceeded` if a budget
         is spent. ``None`` when no budget applies (no store is touched then)."""
-        month = _month(arrived_at)
-        scopes = self._scopes(identity, month)
-        if not scopes:
+        rows = self._rows(identity)
+        if not rows:
             return None
+        month = _month(arrived_at)
+        scopes = [self._scope(row, month) for row in rows]
         price = self._book.prices.in_force(model, arrived_at)
         worst = 0 if price is None else rate(
             Usage(prompt_tokens, 0, completion_tokens, ServedBy.ENGINE), price).list_pico
@@ -192,11 +194,13 @@ class BudgetGuard:
         self._gauges.add(scope.labels)
 
     def _load(self) -> tuple[_Book, dict[str, int], list[_Scope]]:
-        """Budgets, prices and the month's ledger spend (blocking: 3 queries)."""
+        """Budgets, prices and the month's ledger spend (blocking: 1 or 3 queries)."""
         now = self._clock()
         month = _month(now)
         with self._factory() as session:
             rows = list_budgets(session)
+            if not rows:  # the usual case: one query, nothing to reconcile
+                return _Book(), {}, []
             prices = PriceBook.load(session)
             spend = month_to_date_spend(session, now, {r.tenant_id for r in rows})
         book = _Book({r.tenant_id: r for r in rows if r.api_key_id is None},
