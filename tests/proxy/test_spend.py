@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -106,7 +107,7 @@ class _Flaky:
     def register_script(self, source: str) -> Callable[..., Awaitable[object]]:
         script = self.real.register_script(source)
 
-        async def call(**kwargs: object) -> object:
+        async def call(**kwargs: Any) -> object:
             if self.down:
                 raise ConnectionError("redis is down")
             return await script(**kwargs)
