@@ -49,7 +49,9 @@ def world(factory: sessionmaker[Session]) -> dict[str, Any]:
         acme, other = create_tenant(s, "acme"), create_tenant(s, "other")
         key, _ = create_key(s, "acme")
         foreign, _ = create_key(s, "other")
-        ids: dict[str, Any] = {"acme": acme.id, "other": other.id, "key": key.id, "foreign": foreign.id}
+        ids: dict[str, Any] = {
+            "acme": acme.id, "other": other.id, "key": key.id, "foreign": foreign.id,
+        }
     write_usage_many(factory, [
         _entry(ids["acme"], ids["key"], NOW - timedelta(days=2), 300),  # this month, the key
         _entry(ids["acme"], None, NOW - timedelta(days=1), 200),  # this month, no key
