@@ -1,4 +1,4 @@
-"""``kvtoll db|tenant|key|price`` commands.
+"""``kvtoll db|tenant|key|price|budget`` commands.
 
 Settings are read when a command runs (``KVTOLL_DATABASE_URL``). Each command runs
 in one transaction: a caller's mistake (unknown tenant, duplicate name, malformed
@@ -18,11 +18,11 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from billing import accounts, pricing
+from billing import accounts, budgets, pricing
 from billing.db import make_engine, session_factory
 from billing.errors import BillingError
 from billing.models import Price
-from billing.money import ppm_to_fraction, price_per_1m_usd
+from billing.money import exact_usd, ppm_to_fraction, price_per_1m_usd
 from billing.schema import schema_problem, sqlite_file_missing
 from kvtoll.cli.errors import fail
 from kvtoll.settings import load_settings
@@ -298,10 +298,61 @@ def _price_group() -> typer.Typer:
     return group
 
 
+def _budget_group() -> typer.Typer:
+    group = typer.Typer(help="Monthly spend budgets per tenant and key.", no_args_is_help=True)
+
+    @group.command("set")
+    def set_(
+        tenant: str = typer.Argument(..., help="Tenant name."),
+        key: str | None = typer.Option(None, "--key", help="Only this key (key_...)."),
+        monthly_usd: str = typer.Option(..., "--monthly-usd", help="Hard limit, USD/month."),
+        alert_at: str | None = typer.Option(
+            None, "--alert-at", help="Soft alert at this fraction of it (default 0.8)."
+        ),
+    ) -> None:
+        """Set the monthly budget of TENANT (or of one of its keys)."""
+        with _transaction() as session:
+            row = budgets.set_budget(session, tenant, key, monthly_usd, alert_at)
+            typer.echo(
+                f"budget of {row.tenant_name}{' key ' + row.api_key_id if row.api_key_id else ''}"
+                f": {exact_usd(row.terms.limit_pico)} USD per month, alert at {row.alert_at}"
+            )
+
+    @group.command("remove")
+    def remove(
+        tenant: str = typer.Argument(..., help="Tenant name."),
+        key: str | None = typer.Option(None, "--key", help="The key's budget (key_...)."),
+    ) -> None:
+        """Remove the budget of TENANT (or of one of its keys)."""
+        with _transaction() as session:
+            budgets.remove_budget(session, tenant, key)
+        typer.echo(f"budget of {tenant}{' key ' + key if key else ''} removed")
+
+    @group.command("list")
+    def list_(
+        tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant."),
+    ) -> None:
+        """List budgets with this month's spend (from the ledger)."""
+        with _transaction() as session:
+            tenant_id = None if tenant is None else accounts.require_tenant(session, tenant).id
+            rows = [
+                (s.budget.tenant_name, s.budget.api_key_id, exact_usd(s.budget.terms.limit_pico),
+                 s.budget.alert_at, s.period, exact_usd(s.spent_pico),
+                 f"{s.budget.terms.percent_used(s.spent_pico)}%", s.state)
+                for s in budgets.budget_statuses(session, tenant_id)
+            ]
+        header = ("tenant", "key_id", "monthly_usd", "alert_at", "period", "spent_usd", "used",
+                  "state")
+        _print_rows(header, rows)
+
+    return group
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``db``, ``tenant``, ``key`` and ``price`` groups to the root CLI."""
+    """Add the ``db``, ``tenant``, ``key``, ``price`` and ``budget`` groups to the root CLI."""
     app.add_typer(_db_group(), name="db")
     app.add_typer(_tenant_group(), name="tenant")
     app.add_typer(_key_group(), name="key")
     app.add_typer(_price_group(), name="price")
+    app.add_typer(_budget_group(), name="budget")
 

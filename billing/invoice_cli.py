@@ -2,6 +2,7 @@
 
     kvtoll invoice generate --period YYYY-MM [--tenant NAME]
     kvtoll invoice list [--tenant NAME]
+    kvtoll invoice preview --tenant NAME [--json]
     kvtoll invoice export ID --format csv|json|pdf -o FILE
 
 Caller mistakes print one line and exit 2 with nothing written.
@@ -21,7 +22,8 @@ from sqlalchemy.orm import Session
 from billing.accounts import require_tenant
 from billing.db import make_engine, session_factory
 from billing.errors import BillingError
-from billing.invoice_export import ExportFormat, exact_usd, load_document, render
+from billing.invoice_export import KIND_LABELS, ExportFormat, exact_usd, load_document, render
+from billing.invoice_preview import InvoicePreview, preview_invoice, preview_json
 from billing.invoices import close_period, list_invoices, parse_period, tenants_to_invoice
 from billing.models import Invoice, Tenant
 from billing.schema import schema_problem
@@ -91,6 +93,34 @@ def list_command(
         fail(str(exc))
 
 
+def _preview_text(preview: InvoicePreview) -> str:
+    head = (
+        f"invoice preview  tenant={preview.tenant_name}  period={preview.period}  status=draft"
+        f"  as_of={preview.as_of.isoformat(timespec='seconds')}"
+        f"  total_usd={exact_usd(preview.total_pico)}  list_usd={exact_usd(preview.list_pico)}"
+        f"  savings_usd={exact_usd(preview.savings_pico)}"
+    )
+    rows = [
+        f"  {line.model}\t{KIND_LABELS.get(line.kind, line.kind)}\t{line.quantity}"
+        f"\t{exact_usd(line.amount_pico)}"
+        for line in preview.lines
+    ]
+    return "\n".join([head, *rows])
+
+
+def preview(
+    tenant: str = typer.Option(..., "--tenant", help="tenant name"),
+    as_json: bool = typer.Option(False, "--json", help="print the draft as JSON"),
+) -> None:
+    """Show the open month's invoice as it stands (a draft: not numbered, not stored)."""
+    try:
+        with _session() as session:
+            draft = preview_invoice(session, require_tenant(session, tenant))
+    except BillingError as exc:
+        fail(str(exc))
+    typer.echo(preview_json(draft).rstrip("\n") if as_json else _preview_text(draft))
+
+
 def _parse_export_args(invoice_id: str, fmt: str) -> tuple[int, ExportFormat]:
     if not (invoice_id.isascii() and invoice_id.isdigit()):
         fail(f"invalid invoice id {invoice_id!r}: expected a number")
@@ -124,5 +154,6 @@ def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Close billing periods and export invoices.", no_args_is_help=True)
     group.command("generate")(generate)
     group.command("list")(list_command)
+    group.command("preview")(preview)
     group.command("export")(export)
     app.add_typer(group, name="invoice")

@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session
 
 from billing.invoices import get_invoice
 from billing.models import Invoice, Tenant
-from billing.money import pico_to_usd, price_per_1m_usd
+from billing.money import exact_usd as exact_usd  # re-exported: it lived here first
+from billing.money import price_per_1m_usd
 
 KIND_LABELS = {
     "uncached_input": "Input tokens (uncached)",
@@ -38,14 +39,6 @@ class ExportFormat(enum.StrEnum):
     @property
     def media_type(self) -> str:
         return {"csv": "text/csv", "json": "application/json", "pdf": "application/pdf"}[self]
-
-
-def exact_usd(pico: int) -> str:
-    """``pico`` as an exact USD decimal string with at least two decimals."""
-    value = pico_to_usd(pico)
-    text = f"{value:.12f}".rstrip("0")
-    whole, _, frac = text.partition(".")
-    return f"{whole}.{frac.ljust(2, '0')}"
 
 
 @dataclass(frozen=True)
@@ -127,22 +120,24 @@ def to_json(doc: InvoiceDocument) -> str:
         "savings_usd": exact_usd(doc.savings_pico),
         "total_pico": doc.total_pico,
         "list_pico": doc.list_pico,
-        "lines": [
-            {
-                "model": line.model,
-                "kind": line.kind,
-                "quantity": line.quantity,
-                "unit_price_usd_per_1m": _unit_text(line),
-                "amount_usd": exact_usd(line.amount_pico),
-                "list_usd": exact_usd(line.list_pico),
-                "savings_usd": exact_usd(line.list_pico - line.amount_pico),
-                "amount_pico": line.amount_pico,
-                "list_pico": line.list_pico,
-            }
-            for line in doc.lines
-        ],
+        "lines": [line_json(line) for line in doc.lines],
     }
     return json.dumps(payload, indent=2) + "\n"
+
+
+def line_json(line: DocumentLine) -> dict[str, object]:
+    """One invoice line as JSON: exact decimal strings and integer picodollars."""
+    return {
+        "model": line.model,
+        "kind": line.kind,
+        "quantity": line.quantity,
+        "unit_price_usd_per_1m": _unit_text(line),
+        "amount_usd": exact_usd(line.amount_pico),
+        "list_usd": exact_usd(line.list_pico),
+        "savings_usd": exact_usd(line.list_pico - line.amount_pico),
+        "amount_pico": line.amount_pico,
+        "list_pico": line.list_pico,
+    }
 
 
 CSV_HEADER = (

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -165,7 +165,7 @@ def merge_drafts(drafts: Sequence[LineDraft]) -> list[LineDraft]:
     return sorted(kept, key=lambda d: (d.model, KIND_ORDER[d.kind]))
 
 
-def _load_groups(session: Session, invoice_id: int) -> list[_Group]:
+def _load_groups(session: Session, *where: ColumnElement[bool]) -> list[_Group]:
     r = UsageRecord
     stmt = (
         select(
@@ -173,7 +173,7 @@ def _load_groups(session: Session, invoice_id: int) -> list[_Group]:
             func.sum(r.prompt_tokens), func.sum(r.cached_tokens), func.sum(r.completion_tokens),
             func.sum(r.billed_pico), func.sum(r.list_pico),
         )
-        .where(r.invoice_id == invoice_id)
+        .where(*where)
         .group_by(r.model, r.served_by, r.price_id)
     )
     rows = session.execute(stmt).all()
@@ -190,13 +190,19 @@ def _load_groups(session: Session, invoice_id: int) -> list[_Group]:
     ]
 
 
-def _ledger_sums(session: Session, invoice_id: int) -> tuple[int, int]:
+def ledger_sums(session: Session, *where: ColumnElement[bool]) -> tuple[int, int]:
+    """``(billed, list)`` picodollar sums of the ledger rows matching ``where``."""
     r = UsageRecord
     stmt = select(
         func.coalesce(func.sum(r.billed_pico), 0), func.coalesce(func.sum(r.list_pico), 0)
     )
-    billed, listed = session.execute(stmt.where(r.invoice_id == invoice_id)).one()
+    billed, listed = session.execute(stmt.where(*where)).one()
     return int(billed), int(listed)
+
+
+def line_drafts(session: Session, *where: ColumnElement[bool]) -> list[LineDraft]:
+    """The merged invoice lines of the ledger rows matching ``where`` (step 4 above)."""
+    return merge_drafts([d for g in _load_groups(session, *where) for d in _group_drafts(g)])
 
 
 def find_invoice(session: Session, tenant_id: int, period: Period) -> Invoice | None:
@@ -254,8 +260,9 @@ def _tag_rows(session: Session, tenant_id: int, invoice_id: int, end: datetime) 
 
 
 def _write_lines(session: Session, invoice: Invoice) -> None:
-    drafts = merge_drafts([d for g in _load_groups(session, invoice.id) for d in _group_drafts(g)])
-    billed, listed = _ledger_sums(session, invoice.id)
+    tagged = UsageRecord.invoice_id == invoice.id
+    drafts = line_drafts(session, tagged)
+    billed, listed = ledger_sums(session, tagged)
     if sum(d.amount_pico for d in drafts) != billed or sum(d.list_pico for d in drafts) != listed:
         raise RuntimeError(f"invoice {invoice.id}: lines do not add up to the ledger")
     for d in drafts:

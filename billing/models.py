@@ -1,5 +1,5 @@
 """SQLAlchemy 2 typed models: tenants, API keys, prices, the usage ledger and its
-hourly rollup, invoices.
+hourly rollup, invoices, spend budgets.
 
 Money is stored as integer picodollars (1e-12 USD) so that SQLite and PostgreSQL
 add it up exactly; :mod:`billing.money` converts to and from ``Decimal``. Prices
@@ -247,3 +247,21 @@ class InvoiceLine(Base):
     list_pico: Mapped[int] = mapped_column(BigInteger)
 
     invoice: Mapped[Invoice] = relationship(back_populates="lines")
+
+
+class Budget(Base):
+    """A monthly spend budget of a tenant (``api_key_id`` :data:`NO_API_KEY`) or of one of
+    its keys: a hard limit in picodollars per UTC month and a soft alert threshold in
+    parts per million of it. See :mod:`billing.budgets`."""
+
+    __tablename__ = "budgets"
+    __table_args__ = (
+        CheckConstraint("monthly_limit_pico >= 0", name="limit_non_negative"),
+        CheckConstraint("alert_ppm BETWEEN 1 AND 1000000", name="alert_ppm"),
+    )
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    monthly_limit_pico: Mapped[int] = mapped_column(BigInteger)
+    alert_ppm: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())

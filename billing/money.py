@@ -77,6 +77,13 @@ def usd_to_pico(usd: Decimal | str) -> int:
     return _scaled_int(value, PICO_PER_USD, 12, "amount", usd)
 
 
+def exact_usd(pico: int) -> str:
+    """``pico`` as an exact USD decimal string with at least two decimals."""
+    text = f"{pico_to_usd(pico):.12f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
 def price_per_1m_usd(pico_per_token: int) -> Decimal:
     """The USD-per-1M-tokens quote of a stored per-token price (exact, normalised)."""
     return _plain(Decimal(pico_per_token).scaleb(-6))

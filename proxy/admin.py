@@ -9,8 +9,12 @@
     POST /admin/keys/{key_id}/revoke         kvtoll key revoke KEY_ID
     GET  /admin/prices[?model=]              kvtoll price list [--model]
     POST /admin/prices                       kvtoll price set MODEL --input ...
+    GET  /admin/budgets[?tenant=]            kvtoll budget list [--tenant]
+    POST /admin/budgets  {tenant, key_id?, monthly_usd, alert_at?}
+                                             kvtoll budget set TENANT [--key] --monthly-usd
+    DELETE /admin/budgets/{tenant}[?key_id=] kvtoll budget remove TENANT [--key]
 
-Prices travel as decimal *strings* (USD per 1M tokens), never floats. Billing errors
+Prices and budgets travel as decimal *strings* (USD per 1M tokens), never floats. Billing errors
 map to 404 (not found), 409 (conflict) and 400 (invalid input), in OpenAI's shape.
 The plaintext of a new key appears once, in the creation response.
 """
@@ -21,14 +25,15 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from billing import accounts, pricing
+from billing import accounts, budgets, pricing
 from billing.accounts import MAX_LIMIT
+from billing.budgets import BudgetRow, BudgetStatus
 from billing.errors import BillingError, Conflict, NotFound
 from billing.models import ApiKey, Price, Tenant
-from billing.money import ppm_to_fraction, price_per_1m_usd
+from billing.money import exact_usd, ppm_to_fraction, price_per_1m_usd
 from kvtoll.openai.errors import INVALID_REQUEST, error_body
 from proxy.deps import AdminDep, SessionDep
 
@@ -58,6 +63,28 @@ class PriceIn(_Body):
     output: DecimalText
     semantic_fraction: DecimalText
     effective_from: datetime | None = None
+
+
+class BudgetIn(_Body):
+    tenant: Annotated[str, Strict()]
+    key_id: Annotated[str, Strict()] | None = None
+    monthly_usd: DecimalText
+    alert_at: DecimalText | None = None
+
+
+def _budget(b: BudgetRow) -> dict[str, Any]:
+    return {
+        "tenant": b.tenant_name, "key_id": b.api_key_id,
+        "monthly_usd": exact_usd(b.terms.limit_pico), "alert_at": str(b.alert_at),
+        "updated_at": b.updated_at.isoformat(),
+    }
+
+
+def _budget_status(s: BudgetStatus) -> dict[str, Any]:
+    return {
+        **_budget(s.budget), "period": s.period, "spent_usd": exact_usd(s.spent_pico),
+        "percent_used": s.budget.terms.percent_used(s.spent_pico), "state": s.state,
+    }
 
 
 def _tenant(t: Tenant) -> dict[str, Any]:
@@ -127,6 +154,27 @@ def set_price(body: PriceIn, session: SessionDep) -> dict[str, Any]:
             body.semantic_fraction, body.effective_from,
         )
     )
+
+
+@router.get("/budgets")
+def list_budgets(session: SessionDep, tenant: str | None = None) -> dict[str, Any]:
+    """Budgets with this month's spend from the ledger."""
+    tenant_id = None if tenant is None else accounts.require_tenant(session, tenant).id
+    return {"data": [_budget_status(s) for s in budgets.budget_statuses(session, tenant_id)]}
+
+
+@router.post("/budgets", status_code=201)
+def set_budget(body: BudgetIn, session: SessionDep) -> dict[str, Any]:
+    """Create or replace a budget; gateways apply it within their key-cache TTL."""
+    return _budget(
+        budgets.set_budget(session, body.tenant, body.key_id, body.monthly_usd, body.alert_at)
+    )
+
+
+@router.delete("/budgets/{tenant}", status_code=204)
+def remove_budget(tenant: str, session: SessionDep, key_id: str | None = None) -> Response:
+    budgets.remove_budget(session, tenant, key_id)
+    return Response(status_code=204)
 
 
 async def on_billing_error(request: Request, exc: Exception) -> JSONResponse:

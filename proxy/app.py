@@ -5,7 +5,8 @@ while the app has no middleware of its own), everything else as FastAPI routes.
 
 The caller builds the expensive parts (settings, database session factory, upstreams,
 optional semantic cache and router) and hands them in; the factory wires auth,
-admission, rate limiting, metering with its outbox, metrics and routes around them,
+admission, rate limiting, spend budgets (:mod:`proxy.budget`), metering with its
+outbox, metrics and routes around them,
 and serves the web dashboards and usage APIs (:func:`web.app.include_web_routers`)
 with the gateway's cached key resolver and a worker-status view of the pool.
 Startup drains the usage outbox (entries left by a crashed process) and starts two
@@ -33,6 +34,7 @@ from kvtoll.openai.errors import error_response, install_error_handlers
 from kvtoll.settings import Settings
 from proxy import admin
 from proxy.auth import AuthError, KeyAuthenticator
+from proxy.budget import BudgetGuard
 from proxy.config import ProxyConfig
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.http import openai as openai_routes
@@ -46,6 +48,7 @@ from proxy.pool import UpstreamPool
 from proxy.prompt import PromptCounter
 from proxy.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from proxy.service import Gateway
+from proxy.spend import LocalSpendCounters, RedisSpendCounters, SpendCounters
 from proxy.state import ProxyState
 from proxy.upstream.base import Upstream
 from web.app import include_web_routers
@@ -68,6 +71,18 @@ def _limiter(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
             settings.redis_url, config.rate_limits, metrics, prefix=prefix
         )
     return LocalRateLimiter()
+
+
+def _budget_guard(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
+                  factory: sessionmaker[Session], prefix: str) -> BudgetGuard:
+    """Budget counters in the rate limits' store (Redis when configured), refreshed
+    from the database on the key cache's TTL."""
+    counters: SpendCounters = (
+        RedisSpendCounters.from_url(settings.redis_url, metrics) if settings.redis_url
+        else LocalSpendCounters()
+    )
+    return BudgetGuard(factory, counters, metrics, prefix=f"{prefix}budget:",
+                       refresh_s=config.auth_cache_ttl_s)
 
 
 async def _on_rate_limited(request: Request, exc: Exception) -> JSONResponse:
@@ -110,12 +125,14 @@ def create_app(
     config = config or ProxyConfig()
     metrics = ProxyMetrics.create()
     limiter = limiter or _limiter(settings, config, metrics, ratelimit_prefix)
-    gateway_parts = _GatewayParts(tokenizer, context_len, semantic, router)
+    budgets = _budget_guard(settings, config, metrics, session_factory, ratelimit_prefix)
+    gateway_parts = _GatewayParts(tokenizer, context_len, semantic, router, budgets)
     state = _build_state(settings, config, metrics, upstreams, session_factory, models,
                          limiter, gateway_parts)
     app = GatewayApp(title="kvtoll", lifespan=_lifespan, docs_url=None, redoc_url=None)
     app.state.kvtoll = state
-    app.state.kvtoll_resources = tuple(resources)
+    app.state.kvtoll_budgets = budgets
+    app.state.kvtoll_resources = (budgets, *resources)  # budgets loaded before serving
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, _on_rate_limited)
     app.add_exception_handler(BillingError, admin.on_billing_error)
@@ -164,6 +181,7 @@ class _GatewayParts:
     context_len: int | None
     semantic: SemanticCacheHook | None
     router: RouterHook | None
+    budgets: BudgetGuard
 
 
 def _build_state(
@@ -182,10 +200,10 @@ def _build_state(
         session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size
     )
     intake = Intake(config, authenticator, limiter, PromptCounter(parts.tokenizer), metrics,
-                    models=models, context_len=parts.context_len)
+                    models=models, context_len=parts.context_len, budgets=parts.budgets)
     gateway = Gateway(pool=pool, meter=meter, metrics=metrics, config=config,
                       server_secret=settings.server_secret(), tokenizer=parts.tokenizer,
-                      semantic=parts.semantic, router=parts.router)
+                      semantic=parts.semantic, router=parts.router, budgets=parts.budgets)
     return ProxyState(settings=settings, config=config, session_factory=session_factory,
                       metrics=metrics, intake=intake, gateway=gateway, pool=pool, meter=meter,
                       outbox=outbox, limiter=limiter, models=tuple(models))

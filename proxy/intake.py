@@ -3,7 +3,8 @@
 Order: authenticate (401 before anything is parsed) → read the body with a size cap
 → strict JSON → OpenAI schema (the shared serving models; fields that try to pick an
 upstream are refused) → client salt fields dropped → model served? (404) → prompt
-tokens → admission limits → per-key rate limit (429). The result is an immutable
+tokens → admission limits → per-key rate limit (429) → monthly budgets (429
+``budget_exceeded``; :mod:`proxy.budget`). The result is an immutable
 :class:`Prepared` request with a fresh server-side request id.
 """
 
@@ -29,6 +30,7 @@ from kvtoll.openai.protocol import (
 )
 from proxy.admission import Admitted, admit
 from proxy.auth import KeyAuthenticator
+from proxy.budget import BudgetGuard, BudgetHold
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.prompt import PromptCount, PromptCounter
@@ -58,6 +60,7 @@ class Prepared:
     started: float  # perf_counter at arrival
     no_cache: bool  # Cache-Control: no-cache -> skip the semantic lookup
     no_store: bool  # Cache-Control: no-store -> do not store the answer
+    budget: BudgetHold | None = None  # the reservation against the key's budgets, if any
 
     @property
     def model(self) -> str:
@@ -131,8 +134,10 @@ class Intake:
         *,
         models: Collection[str],
         context_len: int | None,
+        budgets: BudgetGuard | None = None,
     ) -> None:
         self._config = config
+        self._budgets = budgets
         self._auth = authenticator
         self._limiter = limiter
         self._counter = counter
@@ -184,6 +189,10 @@ class Intake:
             context_len=self._context_len,
         )
         await self._rate_limit(identity, admitted)
+        request_id = self._new_request_id()
+        budget = None if self._budgets is None else await self._budgets.hold(
+            identity, request.model, admitted.prompt_tokens, admitted.max_tokens * admitted.n,
+            request_id, arrived_at)
         body = strip_client_salt(data)
         body.pop("max_completion_tokens", None)
         body["max_tokens"] = admitted.max_tokens
@@ -191,9 +200,9 @@ class Intake:
         normalized = request.model_copy(update=admitted_fields)
         no_cache, no_store = cache_directives(cache_control)
         return Prepared(
-            request_id=self._new_request_id(), kind=kind, identity=identity, request=normalized,
+            request_id=request_id, kind=kind, identity=identity, request=normalized,
             body=body, admitted=admitted, prompt=prompt, arrived_at=arrived_at,
-            started=started, no_cache=no_cache, no_store=no_store,
+            started=started, no_cache=no_cache, no_store=no_store, budget=budget,
         )
 
     async def _rate_limit(self, identity: KeyIdentity, admitted: Admitted) -> None:

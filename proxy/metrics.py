@@ -44,6 +44,10 @@ class ProxyMetrics:
     ledger_failures: Counter
     upstream_healthy: Gauge
     cache_stores_shed: Counter
+    budget_used_ratio: Gauge
+    budget_alert: Gauge
+    budget_refused: Counter
+    budget_fallback: Gauge
     _totals: _Totals = field(default_factory=_Totals)
     # labelled children by (metric id, labels): ``labels()`` validates and locks on
     # every call, and the request path updates eight of them
@@ -105,6 +109,24 @@ class ProxyMetrics:
                 "stores were already waiting to be embedded",
                 registry=reg,
             ),
+            budget_used_ratio=Gauge(
+                "kvtoll_budget_used_ratio",
+                "Month-to-date spend (with requests in flight) / monthly budget, per budget"
+                " (key empty: the tenant-wide budget)", ["tenant", "key"], registry=reg,
+            ),
+            budget_alert=Gauge(
+                "kvtoll_budget_alert", "1 while a budget's spend is at or past its alert"
+                " threshold", ["tenant", "key"], registry=reg,
+            ),
+            budget_refused=Counter(
+                "kvtoll_budget_refused", "Requests refused with 429 budget_exceeded",
+                registry=reg,
+            ),
+            budget_fallback=Gauge(
+                "kvtoll_budget_fallback",
+                "1 while Redis is unreachable and budget counters are local to this gateway",
+                registry=reg,
+            ),
         )
 
     def child(self, metric: Counter | Gauge | Histogram, *labels: str) -> Any:
@@ -114,6 +136,11 @@ class ProxyMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def forget(self, metric: Counter | Gauge | Histogram, *labels: str) -> None:
+        """Drop one labelled child (a budget that was removed)."""
+        if self._children.pop((id(metric), *labels), None) is not None:
+            metric.remove(*labels)
 
     def record_request(self, endpoint: str, layer: str, outcome: str,
                        latency_s: float | None, ttft_s: float | None) -> None:

@@ -38,6 +38,7 @@ from billing.models import RequestStatus, ServedBy, TenantId
 from engine.api import Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
+from proxy.budget import BudgetGuard
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
 from proxy.flight import Flight, billable_tokens, ledger_entry
@@ -79,6 +80,7 @@ class Reply:
     tally: Tally
     similarity: float | None = None
     abandon: Callable[[], Awaitable[None]] = _nothing
+    budget_alert: str | None = None  # x-kvtoll-budget-alert, e.g. "83%"
 
     async def aclose(self) -> None:
         """Close ``items``; if they were never read, close the upstream and write the
@@ -118,8 +120,10 @@ class Gateway:
         tokenizer: Tokenizer | None = None,
         semantic: SemanticCacheHook | None = None,
         router: RouterHook | None = None,
+        budgets: BudgetGuard | None = None,
     ) -> None:
         self._pool = pool
+        self._budgets = budgets
         self._meter = meter
         self._metrics = metrics
         self._config = config
@@ -141,7 +145,19 @@ class Gateway:
         return salt
 
     async def open(self, prep: Prepared, endpoint: str) -> Reply:
-        """Start answering ``prep``; raises :class:`OpenAIError` if no upstream can."""
+        """Start answering ``prep``; raises :class:`OpenAIError` if no upstream can (then a
+        budget hold that no ledger row settled is released: nothing was billed)."""
+        try:
+            reply = await self._open(prep, endpoint)
+        except BaseException:
+            if self._budgets is not None and prep.budget is not None:
+                self._budgets.release(prep.budget)  # no-op once its row settled it
+            raise
+        if prep.budget is not None:
+            reply.budget_alert = prep.budget.alert_header
+        return reply
+
+    async def _open(self, prep: Prepared, endpoint: str) -> Reply:
         if self._semantic is not None:
             query = _query(prep)
             if not prep.no_cache:
@@ -305,6 +321,8 @@ class Gateway:
         if not self._meter.record_nowait(entry):  # the outbox failed: to the ledger now
             with anyio.CancelScope(shield=True):
                 await self._meter.record_directly(entry)
+        if self._budgets is not None and flight.prep.budget is not None:
+            self._budgets.settle(flight.prep.budget, entry)
         # Metrics after the response is on its way: the client waits for nothing here.
         asyncio.get_running_loop().call_soon(
             self._observe, flight, status, entry, prompt, cached, completion

@@ -6,6 +6,7 @@
     GET  /admin/v1/organization/costs              ``tenant=NAME`` filters, ``group_by``
                                                    also accepts ``tenant``
     GET  /admin/v1/invoices[?tenant=NAME]
+    GET  /admin/v1/invoices/preview?tenant=NAME    the tenant's open month (draft)
     GET  /admin/v1/invoices/{id}
     GET  /admin/v1/invoices/{id}/download?format=
 
@@ -39,6 +40,7 @@ from web.usage_api import (
     download_answer,
     guarded,
     invoice_list_answer,
+    preview_answer,
 )
 
 STATIC_PREFIX = "/admin/static"
@@ -78,6 +80,17 @@ def _add_api_routes(router: APIRouter, factory: sessionmaker[Session], auth: Adm
             auth.require(request)
             tenant_id = _tenant_filter(factory, tenant)
             return invoice_list_answer(factory, tenant_id, "/admin/v1/invoices", True)
+
+        return guarded(body)
+
+    @router.get("/admin/v1/invoices/preview")  # before {invoice_id}
+    def invoice_preview(request: Request, tenant: str | None = Query(None)) -> Response:
+        def body() -> Response:
+            auth.require(request)
+            tenant_id = _tenant_filter(factory, tenant)
+            if tenant_id is None:
+                raise bad_param("tenant", "tenant is required: ?tenant=NAME")
+            return preview_answer(factory, tenant_id)
 
         return guarded(body)
 

@@ -14,9 +14,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.invoice_export import exact_usd
+from billing.budgets import BudgetStatus, budget_statuses
+from billing.invoice_export import KIND_LABELS, exact_usd
+from billing.invoice_preview import InvoicePreview, preview_invoice
 from billing.invoices import list_invoices
 from billing.models import ApiKey, Invoice, Tenant
+from billing.money import ppm_to_fraction
 from billing.usage import (
     BucketWidth,
     GroupBy,
@@ -100,6 +103,43 @@ def invoice_rows(invoices: Sequence[Invoice], base: str, names: Mapping[int, str
     ]
 
 
+def preview_view(draft: InvoicePreview) -> dict[str, Any]:
+    """The open month's draft invoice (lines, total, list price, savings) for a page."""
+    return {
+        "period": draft.period,
+        "as_of": draft.as_of.strftime("%Y-%m-%d %H:%M UTC"),
+        "total": exact_usd(draft.total_pico),
+        "list": exact_usd(draft.list_pico),
+        "savings": exact_usd(draft.savings_pico),
+        "lines": [
+            {"model": line.model, "kind": KIND_LABELS.get(line.kind, line.kind),
+             "quantity": line.quantity, "amount": exact_usd(line.amount_pico)}
+            for line in draft.lines
+        ],
+    }
+
+
+STATE_LABELS = {"ok": "ok", "alert": "alert: past threshold", "exceeded": "limit reached"}
+
+
+def budget_rows(statuses: Sequence[BudgetStatus], labels: Mapping[str, str]) -> list[dict]:
+    """Budgets with this month's spend (from the ledger) for a page."""
+    return [
+        {
+            "tenant": s.budget.tenant_name,
+            "scope": "whole tenant" if s.budget.api_key_id is None
+            else f"key {labels.get(s.budget.api_key_id, s.budget.api_key_id)}",
+            "limit": exact_usd(s.budget.terms.limit_pico),
+            "spent": exact_usd(s.spent_pico),
+            "used": f"{s.budget.terms.percent_used(s.spent_pico)}%",
+            "alert_at": f"{ppm_to_fraction(s.budget.terms.alert_ppm * 100)}%",
+            "state": s.state,
+            "state_label": STATE_LABELS[s.state],
+        }
+        for s in statuses
+    ]
+
+
 def _key_labels(session: Session, tenant_id: int) -> dict[str, str]:
     stmt = select(ApiKey.id, ApiKey.name, ApiKey.display_prefix).where(
         ApiKey.tenant_id == tenant_id
@@ -130,6 +170,7 @@ def tenant_context(
     labels = _key_labels(session, tenant_id)
     by_model = sorted(roll_up(rows, lambda r: r.model).items())
     by_key = roll_up(rows, lambda r: r.api_key_id or "")
+    tenant = session.get(Tenant, tenant_id)
     return {
         "totals": totals_view(sum_rows(bucketed)),
         "chart": series(bucketed, start, end, width),
@@ -139,6 +180,8 @@ def tenant_context(
             key=lambda view: view["name"],
         ),
         "invoices": invoice_rows(list_invoices(session, tenant_id), "/v1/invoices", {}),
+        "preview": None if tenant is None else preview_view(preview_invoice(session, tenant)),
+        "budgets": budget_rows(budget_statuses(session, tenant_id), labels),
     }
 
 
@@ -170,4 +213,5 @@ def admin_context(
         "worker_columns": columns,
         "workers": [[str(row.get(c, "")) for c in columns] for row in workers],
         "invoices": invoice_rows(list_invoices(session, None)[:50], "/admin/v1/invoices", names),
+        "budgets": budget_rows(budget_statuses(session, None), {}),
     }

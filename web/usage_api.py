@@ -3,6 +3,7 @@
     GET /v1/organization/usage/completions   buckets of token and request counts
     GET /v1/organization/costs               buckets of billed and list amounts
     GET /v1/invoices                         closed invoices
+    GET /v1/invoices/preview                 the open month as it stands (draft, no id)
     GET /v1/invoices/{id}                    one invoice with its lines (JSON)
     GET /v1/invoices/{id}/download?format=   csv | json | pdf
 
@@ -28,6 +29,7 @@ from billing.invoice_export import (
     render,
     to_json,
 )
+from billing.invoice_preview import preview_invoice, preview_payload
 from billing.invoices import list_invoices
 from billing.models import Tenant
 from billing.usage import GroupBy, UsageQuery, aggregate_usage
@@ -90,6 +92,16 @@ def invoice_list_answer(
         for inv in invoices
     ]
     return ExactJSONResponse({"object": "list", "data": data, "has_more": False})
+
+
+def preview_answer(factory: sessionmaker[Session], tenant_id: int) -> Response:
+    """The draft invoice of the tenant's open month (read-only, never cached)."""
+    with factory() as session:
+        tenant = session.get(Tenant, tenant_id)
+        if tenant is None:
+            raise not_found(f"unknown tenant {tenant_id}")
+        payload = preview_payload(preview_invoice(session, tenant))
+    return ExactJSONResponse(payload, headers={"Cache-Control": "no-store"})
 
 
 def _document(
@@ -162,6 +174,10 @@ def build_usage_api_router(
             return invoice_list_answer(session_factory, tenant_id, "/v1/invoices", False)
 
         return guarded(body)
+
+    @router.get("/v1/invoices/preview")  # before {invoice_id}, which would take the path
+    def invoice_preview(request: Request) -> Response:
+        return guarded(lambda: preview_answer(session_factory, auth.require(request).tenant_id))
 
     @router.get("/v1/invoices/{invoice_id}")
     def invoice(request: Request, invoice_id: str) -> Response:

@@ -50,6 +50,7 @@ from kvtoll.openai.errors import (
 )
 from kvtoll.openai.responses import ResponseMeta
 from kvtoll.openai.sse import SSE_HEADERS
+from proxy.budget import ALERT_HEADER, BudgetExceeded
 from proxy.http.render import sse_frames, whole_response
 from proxy.intake import Intake, Kind, Prepared, RateLimited
 from proxy.service import Gateway, Reply
@@ -99,6 +100,8 @@ def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
         headers.append((b"x-kvtoll-worker", reply.worker.encode("latin-1")))
     if reply.similarity is not None:
         headers.append((b"x-kvtoll-similarity", f"{reply.similarity:.4f}".encode("latin-1")))
+    if reply.budget_alert is not None:
+        headers.append((ALERT_HEADER.encode("latin-1"), reply.budget_alert.encode("latin-1")))
     return headers
 
 
@@ -114,6 +117,8 @@ async def send_json(send: Send, status: int, content: Any,
 def _error_headers(exc: OpenAIError) -> list[tuple[bytes, bytes]]:
     if isinstance(exc, RateLimited):
         return [(b"retry-after", str(exc.retry_after_s).encode("latin-1"))]
+    if isinstance(exc, BudgetExceeded):  # retrying cannot help (OpenAI's SDKs read this)
+        return [(b"x-should-retry", b"false")]
     return []
 
 

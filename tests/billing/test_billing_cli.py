@@ -57,12 +57,12 @@ def test_commands_before_upgrade_fail_without_creating_a_database(
 
 
 def test_db_upgrade_current_and_downgrade(cli: CliRunner, sqlite_url: str) -> None:
-    assert "database at 0002" in _ok(cli, "db", "upgrade").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current 0002 head 0002"
+    assert "database at 0004" in _ok(cli, "db", "upgrade").stdout
+    assert _ok(cli, "db", "current").stdout.strip() == "current 0004 head 0004"
     _assert_refused(cli, sqlite_url, "db", "downgrade", match="--yes")
     _assert_refused(cli, sqlite_url, "db", "upgrade", "--revision", "nope", match="nope")
     assert "database at base" in _ok(cli, "db", "downgrade", "--yes").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0002"
+    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0004"
     _ok(cli, "db", "upgrade")
     _ok(cli, "tenant", "create", "acme")
 
@@ -157,7 +157,7 @@ def test_price_bad_input(
 def test_cli_on_postgres(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVTOLL_DATABASE_URL", migrated_url)
     runner = CliRunner()
-    assert "database at 0002" in _ok(runner, "db", "upgrade").stdout
+    assert "database at 0004" in _ok(runner, "db", "upgrade").stdout
     _ok(runner, "tenant", "create", "acme")
     result = _run(runner, "tenant", "create", "acme")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1

@@ -80,8 +80,9 @@ def test_the_probe_sees_torch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "argvs",
     [[["--help"]], [["db", "upgrade"], ["tenant", "create", "acme"], ["tenant", "list"]],
-     [["key", "--help"]], [["invoice", "list"]], [["price", "list"]]],
-    ids=["help", "tenant", "key-help", "invoice-list", "price-list"],
+     [["key", "--help"]], [["invoice", "list"]], [["price", "list"]],
+     [["db", "upgrade"], ["budget", "list"], ["invoice", "preview", "--tenant", "x"]]],
+    ids=["help", "tenant", "key-help", "invoice-list", "price-list", "budget-list"],
 )
 def test_cli_commands_run_without_torch(argvs: list[list[str]], tmp_path: Path) -> None:
     assert not _loads_torch(RUN_CLI.format(argvs=argvs), tmp_path)
