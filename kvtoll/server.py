@@ -31,8 +31,27 @@ def check_port_free(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
 
 
-def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
-    """The uvicorn settings every kvtoll server uses (no access log, h11, asyncio)."""
+def check_tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
+    """``(cert, key)`` to serve https with, ``None`` for plain http; ``ValueError`` if
+    only one is given or a file cannot be read."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together (give both or neither)")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    return cert, key
+
+
+def uvicorn_config(
+    app: Any, host: str, port: int, log_level: str = "info", tls: tuple[str, str] | None = None
+) -> uvicorn.Config:
+    """The uvicorn settings every kvtoll server uses (no access log, h11, asyncio);
+    ``tls``: serve https with that (certificate, private key) pair."""
     return uvicorn.Config(
         app,
         host=host,
@@ -43,6 +62,8 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> u
         http="h11",
         lifespan="off",
         timeout_graceful_shutdown=5,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
 
 
