@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
 from kvtoll.settings import Settings
@@ -30,8 +31,7 @@ def _bearer(token: str) -> dict[str, str]:
 def test_metrics_need_the_metrics_or_the_admin_token(
     settings: Settings, db: sessionmaker[Session], caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = _client(settings, db, metrics_token=Settings(metrics_token=METRICS_TOKEN)
-                     .metrics_token)
+    client = _client(settings, db, metrics_token=SecretStr(METRICS_TOKEN))
     for headers in ({}, _bearer("nope"), _bearer(METRICS_TOKEN[:-1]), {"Authorization": "x"}):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="proxy.routes.ops"):
@@ -60,6 +60,6 @@ def test_dev_mode_opens_metrics_unless_a_metrics_token_is_set(
     dev = {"dev_mode": True, "data_dir": str(tmp_path)}
     assert _client(settings, db, **dev).get("/metrics").status_code == 200
     guarded = _client(settings, db, **dev,
-                      metrics_token=Settings(metrics_token=METRICS_TOKEN).metrics_token)
+                      metrics_token=SecretStr(METRICS_TOKEN))
     assert guarded.get("/metrics").status_code == 401
     assert guarded.get("/metrics", headers=_bearer(METRICS_TOKEN)).status_code == 200

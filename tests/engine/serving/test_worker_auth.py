@@ -44,10 +44,10 @@ def _auth(token: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("headers", [{}, _auth(STALE), _auth(CURRENT[:-1]), _auth(""),
                                      {"Authorization": f"Basic {CURRENT}"},
-                                     {"Authorization": "Bearer é".encode("latin-1")}],
+                                     {b"authorization": "Bearer é".encode("latin-1")}],
                          ids=["missing", "stale", "wrong", "empty", "other-scheme", "non-ascii"])
 async def test_every_route_refuses_without_an_accepted_token(
-    client: httpx.AsyncClient, engine: FakeEngine, headers: dict[str, str | bytes],
+    client: httpx.AsyncClient, engine: FakeEngine, headers: dict[str, str] | dict[bytes, bytes],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     for method, path in ROUTES:

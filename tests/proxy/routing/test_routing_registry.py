@@ -15,7 +15,6 @@ from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.types import WorkerId
 
 TOKEN = "registry-test-worker-token-0123"
-SIGN = {"tokens": [TOKEN]}
 
 
 def _closed_port_url() -> str:
@@ -56,9 +55,9 @@ def test_heartbeat_expiry_removes_a_worker(redis_url: str, redis_prefix: str) ->
                 registry = WorkerRegistry(config, redis=redis, http=http,
                                           registration_token=TOKEN)
                 await announce(redis, "http://w1:8001", 0.3, prefix=redis_prefix, name="w1",
-                               **SIGN)
+                               tokens=[TOKEN])
                 await announce(redis, "http://w2:8001", 30, prefix=redis_prefix, name="w2",
-                               kv_events="redis", **SIGN)
+                               kv_events="redis", tokens=[TOKEN])
                 await registry.refresh()
                 assert {w.worker_id for w in registry.workers()} == {"w1", "w2"}
                 assert registry.get(WorkerId("w2")).kv_events == "redis"  # type: ignore[union-attr]
@@ -83,7 +82,7 @@ def test_a_heartbeat_keeps_a_worker_announced_and_withdraws_it_on_stop(
             # Renewed every TTL / 3 = 0.5 s: only a 1.5 s stall of this loop would let the
             # key lapse (at a 0.3 s TTL a loaded 2-core CI machine once stalled that long).
             beat = Heartbeat(redis, "http://w3:8001", 1.5, prefix=redis_prefix, name="w3",
-                             **SIGN)
+                             tokens=[TOKEN])
             task = asyncio.create_task(beat.run(stop))
             await asyncio.sleep(3.2)  # more than two TTLs
             registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix), redis=redis,
@@ -164,7 +163,7 @@ def test_a_worker_found_through_redis_streams_its_events_to_the_router(
                     ttl_s=2.0,
                     prefix=redis_prefix,
                     name="w9",
-                    **SIGN,
+                    tokens=[TOKEN],
                 )
             )
             async with httpx.AsyncClient(transport=_worker_transport()) as http:
@@ -245,7 +244,7 @@ def test_unsigned_forged_expired_or_copied_registrations_are_ignored(
             for name, body in _forged_records(time.time()).items():
                 await redis.set(announcement_key(redis_prefix, name), body, ex=60)
             await announce(redis, "http://good:8001", 30, prefix=redis_prefix, name="good",
-                           **SIGN)
+                           tokens=[TOKEN])
             async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
                 registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix),
                                           redis=redis, http=http, registration_token=TOKEN)
@@ -273,7 +272,8 @@ def test_an_announced_worker_gets_traffic_only_after_an_authenticated_probe(
     async def scenario() -> None:
         redis = Redis.from_url(redis_url)
         try:
-            await announce(redis, "http://w5:8001", 30, prefix=redis_prefix, name="w5", **SIGN)
+            await announce(redis, "http://w5:8001", 30, prefix=redis_prefix, name="w5",
+                           tokens=[TOKEN])
             async with httpx.AsyncClient(transport=refusing) as http:
                 registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix),
                                           redis=redis, http=http, registration_token=TOKEN)
