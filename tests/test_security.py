@@ -331,6 +331,21 @@ def test_workers_refuse_callers_without_the_token(stack: Stack, who: str) -> Non
     assert (ledger_count(stack.g_db), ledger_count(stack.d_db)) == billed
 
 
+@pytest.mark.parametrize("token", [STALE, ""])
+def test_a_gateway_with_a_stale_or_no_token_refuses_to_start(stack: Stack, token: str) -> None:
+    """Outside dev mode: no token is refused before any call; a rotated-out one is
+    refused by the workers, which the gateway reports in one line (nothing served)."""
+    env = {**stack.g_env, "KVTOLL_WORKER_TOKEN": token}
+    code = "from kvtoll.cli.main import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--no-semantic-cache", "--port", str(free_port()),
+         "--worker", stack.worker1], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    expected = "refused the worker token" if token else "KVTOLL_WORKER_TOKEN is empty"
+    assert result.stderr.startswith("error: ") and expected in result.stderr
+    assert STALE not in result.stderr
+
+
 # ------------------------------------------------------------------ 3. dev mode's secret
 def test_dev_mode_sessions_cannot_be_forged_with_the_old_public_secret(stack: Stack) -> None:
     """On D (dev mode): a cookie signed with the old constant, for another tenant's
