@@ -87,7 +87,9 @@ def serve_gateway(upstream_url: str, database_url: str, data_dir: str, port: int
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, redis_url=None,
                              admin_token="bench-admin-token-0123456789", secret="bench-secret")
-    app = create_app(settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
+    # a worker token on every upstream call, as `kvtoll serve --worker` sends
+    upstream = HttpUpstream(HttpUpstreamConfig(upstream_url, api_key="bench-worker-token-0123456"))
+    app = create_app(settings, upstreams=[upstream],
                      session_factory=session_factory(make_engine(database_url)), models=[MODEL])
     uvicorn.Server(server_config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 

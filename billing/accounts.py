@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,10 +54,12 @@ def check_tenant_name(name: str) -> str:
 
 
 def create_tenant(session: Session, name: str) -> Tenant:
-    """Create a tenant; :class:`Conflict` if the name is taken."""
+    """Create a tenant; :class:`Conflict` if the name is taken, in any case."""
     check_tenant_name(name)
-    if get_tenant_by_name(session, name) is not None:
-        raise Conflict(f"tenant {name!r} already exists")
+    existing = get_tenant_by_name(session, name)
+    if existing is not None:
+        same = "" if existing.name == name else f" (as {existing.name!r}: names ignore case)"
+        raise Conflict(f"tenant {name!r} already exists{same}")
     tenant = Tenant(
         name=name, created_at=datetime.now(UTC), semantic_allow_sampled=False, kv_reserved_blocks=0
     )
@@ -76,11 +78,13 @@ def list_tenants(session: Session) -> Sequence[Tenant]:
 
 
 def get_tenant_by_name(session: Session, name: str) -> Tenant | None:
-    """The tenant called ``name``, or ``None`` (also for a name no tenant could have,
-    which PostgreSQL might otherwise refuse, e.g. one holding a NUL)."""
+    """The tenant called ``name`` in any case (names are case-insensitively unique), or
+    ``None`` (also for a name no tenant could have, which PostgreSQL might otherwise
+    refuse, e.g. one holding a NUL)."""
     if not TENANT_NAME_RE.fullmatch(name):
         return None
-    return session.scalars(select(Tenant).where(Tenant.name == name)).first()
+    query = select(Tenant).where(func.lower(Tenant.name) == name.lower())
+    return session.scalars(query).first()
 
 
 def require_tenant(session: Session, name: str) -> Tenant:

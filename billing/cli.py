@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from billing import accounts, budgets, pricing
 from billing.db import make_engine, session_factory
 from billing.errors import BillingError
+from billing.keys import REVOCATION_BOUND_S
 from billing.models import Price
 from billing.money import exact_usd, ppm_to_fraction, price_per_1m_usd
 from billing.schema import schema_problem, sqlite_file_missing
@@ -28,6 +29,9 @@ from kvtoll.cli.errors import fail
 from kvtoll.settings import load_settings
 
 T = TypeVar("T")
+REVOKE_HELP = (f"Revoke a key: every gateway refuses it within {REVOCATION_BOUND_S} s (the "
+               "lifetime of its key cache, while it reaches the database); dashboard "
+               "sessions signed in with the key end at once.")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -240,9 +244,8 @@ def _key_group() -> typer.Typer:
             ]
         _print_rows(("key_id", "prefix", "name", "created_at", "revoked_at"), rows)
 
-    @group.command("revoke")
+    @group.command("revoke", help=REVOKE_HELP)
     def revoke(key_id: str = typer.Argument(..., help="Key id (key_...).")) -> None:
-        """Revoke a key; it stops working immediately."""
         with _transaction() as session:
             row = accounts.revoke_key(session, key_id)
             typer.echo(f"key {row.id} revoked at {_iso(row.revoked_at)}")

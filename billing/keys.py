@@ -25,6 +25,9 @@ CHECKSUM_LENGTH = 6
 KEY_LENGTH = len(KEY_PREFIX) + RANDOM_LENGTH + CHECKSUM_LENGTH
 KEY_ID_PREFIX = "key_"
 KEY_ID_RANDOM_LENGTH = 20
+# How long a gateway may keep accepting a key after its revocation: the lifetime of
+# its key cache (proxy.auth). `kvtoll key revoke` and the README state this bound.
+REVOCATION_BOUND_S = 5
 BASE62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
 _BASE62_SET = frozenset(BASE62)
 

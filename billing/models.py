@@ -27,6 +27,7 @@ from sqlalchemy import (
     MetaData,
     String,
     UniqueConstraint,
+    func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -111,6 +112,10 @@ class Tenant(Base):
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 
 
+# Tenant names are case-insensitively unique: "acme" and "ACME" cannot both exist.
+Index("uq_tenants_name_lower", func.lower(Tenant.name), unique=True)
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
 
@@ -126,6 +131,23 @@ class ApiKey(Base):
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     tenant: Mapped[Tenant] = relationship(back_populates="keys")
+
+
+class WebSession(Base):
+    """A dashboard sign-in (tenant or operator): the cookie carries its id, this table
+    its hash and whether it still holds; logout ends it, and a tenant session ends with
+    its key's revocation (see :mod:`billing.sessions`)."""
+
+    __tablename__ = "web_sessions"
+    __table_args__ = (Index("ix_web_sessions_expires_at", "expires_at"),)
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the id
+    kind: Mapped[str] = mapped_column(String(16))  # "tenant" | "admin"
+    tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
 
 class Price(Base):

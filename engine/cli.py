@@ -1,8 +1,12 @@
 """``kvtoll worker``: one engine behind the OpenAI-compatible worker server.
 
 Workers are internal services: put them where only the kvtoll proxy can reach
-them (``kvtoll serve --worker URL``). They honour the prefix-cache salt the proxy
-sends in ``cache_salt`` and never derive one themselves. Every caller mistake
+them (``kvtoll serve --worker URL``). Every request must carry the worker token
+(``KVTOLL_WORKER_TOKEN`` / ``--worker-token``; during a rotation also the previous
+one, ``KVTOLL_WORKER_TOKEN_PREVIOUS`` / ``--worker-token-previous``), refused empty
+outside dev mode; they honour the prefix-cache salt the proxy sends in
+``cache_salt`` only from such callers and never derive one themselves.
+``--tls-cert``/``--tls-key`` serve https. Every caller mistake
 (bad flag value, missing model file, port in use) prints one line and exits 2
 before anything is loaded.
 """
@@ -21,8 +25,9 @@ from engine.serving.app import WorkerConfig
 from engine.serving.registration import Registration
 from kvtoll.cli.errors import fail
 from kvtoll.openai.errors import DEFAULT_MAX_BODY_BYTES
-from kvtoll.server import check_port_free
+from kvtoll.server import check_port_free, check_tls_files
 from kvtoll.settings import load_settings
+from kvtoll.worker_auth import WorkerTokens
 
 DEFAULT_PORT = 8001
 _MIB = 1024 * 1024
@@ -82,6 +87,7 @@ def _serve(
     port: int,
     log_level: str,
     registration: Registration | None,
+    tls: tuple[str, str] | None,
 ) -> None:
     from engine.factory import build_engine
     from engine.serving.server import serve_worker
@@ -93,7 +99,7 @@ def _serve(
         fail(f"cannot load the model: {exc}")
     try:
         typer.echo(f"kvtoll worker: {engine.model_name} on http://{host}:{port}", err=True)
-        asyncio.run(serve_worker(engine, worker, host, port, log_level, registration))
+        asyncio.run(serve_worker(engine, worker, host, port, log_level, registration, tls))
     finally:
         engine.shutdown()
 
@@ -105,9 +111,16 @@ def registration_for(
     port: int,
     ttl_s: float,
     kv_events: str,
+    tokens: WorkerTokens = WorkerTokens(),
+    tls: bool = False,
 ) -> Registration | None:
-    """The Redis registration, or ``None`` without a Redis URL; ``ValueError`` if bad."""
+    """The Redis registration (signed under ``tokens``), or ``None`` without a Redis
+    URL or (dev mode) without a token to sign with; ``ValueError`` if bad."""
     if not redis_url:
+        return None
+    if not tokens.enabled:
+        typer.echo("kvtoll worker: not announcing in Redis: no worker token to sign the "
+                   "registration with (set KVTOLL_WORKER_TOKEN)", err=True)
         return None
     if kv_events not in ("redis", "http"):
         raise ValueError(f"--kv-events must be redis or http, got {kv_events!r}")
@@ -116,10 +129,16 @@ def registration_for(
     if advertise_url is None:
         if host in ("0.0.0.0", "::", ""):
             raise ValueError("--advertise-url is required when listening on all interfaces")
-        advertise_url = f"http://{host}:{port}"
+        advertise_url = f"{'https' if tls else 'http'}://{host}:{port}"
     if not advertise_url.startswith(("http://", "https://")):
         raise ValueError(f"--advertise-url must be an http(s) URL, got {advertise_url!r}")
-    return Registration(redis_url, advertise_url, ttl_s, kv_events)  # type: ignore[arg-type]
+    return Registration(redis_url, advertise_url, ttl_s, kv_events,  # type: ignore[arg-type]
+                        tokens=tokens.accepted())
+
+
+def given(**flags: str | None) -> dict[str, str]:
+    """The flags that were given, as ``load_settings`` overrides (flags win over env)."""
+    return {name: value for name, value in flags.items() if value is not None}
 
 
 def register(app: typer.Typer) -> None:
@@ -197,12 +216,34 @@ def register(app: typer.Typer) -> None:
         kv_events: Annotated[
             str, typer.Option(help="How the router gets KV events with Redis: redis or http")
         ] = "redis",
+        worker_token: Annotated[
+            str | None,
+            typer.Option(help="Token every caller must send as a bearer (default: "
+                         "KVTOLL_WORKER_TOKEN; required outside dev mode)"),
+        ] = None,
+        worker_token_previous: Annotated[
+            str | None,
+            typer.Option(help="Previous token, still accepted during a rotation (default: "
+                         "KVTOLL_WORKER_TOKEN_PREVIOUS)"),
+        ] = None,
+        tls_cert: Annotated[
+            str | None, typer.Option(help="Serve https with this certificate (PEM; default: "
+                                     "KVTOLL_TLS_CERT)")
+        ] = None,
+        tls_key: Annotated[
+            str | None, typer.Option(help="... and this private key (PEM; default: "
+                                     "KVTOLL_TLS_KEY)")
+        ] = None,
     ) -> None:
         """Run an engine worker: OpenAI API plus /kv/events and /load for the router.
 
-        An internal service: expose it only to kvtoll proxies (it trusts `cache_salt`).
+        An internal service: expose it only to kvtoll proxies. Every request must carry
+        the worker token; `cache_salt` is only read from such callers.
         """
-        settings = load_settings()
+        settings = load_settings(**given(
+            worker_token=worker_token, worker_token_previous=worker_token_previous,
+            tls_cert=tls_cert, tls_key=tls_key,
+        ))
         try:
             config = engine_config(
                 model or settings.model_path,
@@ -223,12 +264,15 @@ def register(app: typer.Typer) -> None:
             )
             if max_body_mb <= 0:
                 raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")
+            tokens = settings.worker_tokens()
+            tls = check_tls_files(settings.tls_cert, settings.tls_key)
             check_port_free(host, port)
             registration = registration_for(
-                redis_url or settings.redis_url, advertise_url, host, port, heartbeat_ttl, kv_events
+                redis_url or settings.redis_url, advertise_url, host, port, heartbeat_ttl,
+                kv_events, tokens, tls is not None,
             )
         except ValueError as exc:
             fail(str(exc))
         names = tuple(served_model_name or ())
-        worker_config = WorkerConfig(names, int(max_body_mb * _MIB))
-        _serve(config, worker_config, host, port, settings.log_level, registration)
+        worker_config = WorkerConfig(names, int(max_body_mb * _MIB), tokens)
+        _serve(config, worker_config, host, port, settings.log_level, registration, tls)

@@ -124,13 +124,32 @@ def check_port_free(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
 
 
+def check_tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
+    """``(cert, key)`` to serve https with, ``None`` for plain http; ``ValueError`` if
+    only one is given or a file cannot be read."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together (give both or neither)")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    return cert, key
+
+
 def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", *,
                    fast: bool = False, lifespan: Literal["on", "off"] = "off",
-                   **options: Any) -> uvicorn.Config:
+                   tls: tuple[str, str] | None = None, **options: Any) -> uvicorn.Config:
     """The uvicorn settings every kvtoll server uses: no access log (one log line per
     request costs more than the request), a 5 s graceful shutdown, h11 on asyncio, or
     with ``fast`` httptools with coalesced writes on uvloop where available (the
-    gateway). ``lifespan="on"`` for an app that starts its background loops there."""
+    gateway). ``lifespan="on"`` for an app that starts its background loops there;
+    ``tls``: serve https with that (certificate, private key) pair."""
+    if tls is not None:
+        options.update(ssl_certfile=tls[0], ssl_keyfile=tls[1])
     options.setdefault("timeout_graceful_shutdown", 5)
     if fast:
         protocol: Any = CoalescingHttpToolsProtocol

@@ -12,6 +12,9 @@ import hmac
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kvtoll.dev_secret import dev_secret
+from kvtoll.worker_auth import MIN_TOKEN_LENGTH, WorkerTokens
+
 WELL_KNOWN_ADMIN_TOKENS = frozenset(
     {"admin", "password", "changeme", "secret", "token", "test", "kvtoll", "123456"}
 )
@@ -29,6 +32,15 @@ class Settings(BaseSettings):
     admin_token: SecretStr = SecretStr("")
     secret: SecretStr = SecretStr("")
     dev_mode: bool = False
+    # Gateway <-> worker link (kvtoll.worker_auth): the gateway sends worker_token, a
+    # worker accepts it and worker_token_previous (during a rotation).
+    worker_token: SecretStr = SecretStr("")
+    worker_token_previous: SecretStr = SecretStr("")
+    worker_discovery: bool = False  # gateway: also take workers registered in Redis
+    worker_tls_ca: str | None = None  # gateway: CA bundle for https:// workers
+    tls_cert: str | None = None  # worker: serve https with this certificate ...
+    tls_key: str | None = None  # ... and this private key
+    metrics_token: SecretStr = SecretStr("")  # bearer for /metrics (the admin token works too)
     data_dir: str = "./kvtoll-data"
     model_path: str | None = Field(default=None, description="GGUF file or HF directory")
     dtype: str | None = None
@@ -42,6 +54,9 @@ class Settings(BaseSettings):
     def _normalise(self) -> Settings:
         if self.redis_url == "":
             object.__setattr__(self, "redis_url", None)
+        for name in ("worker_tls_ca", "tls_cert", "tls_key"):
+            if getattr(self, name) == "":
+                object.__setattr__(self, name, None)
         return self
 
     def admin_token_problem(self) -> str | None:
@@ -70,13 +85,31 @@ class Settings(BaseSettings):
         return hmac.compare_digest(hashlib.sha256(candidate.encode()).digest(), expected)
 
     def server_secret(self) -> bytes:
-        """Secret for server-side salts; in dev mode an empty one falls back to a fixed value."""
+        """Secret for tenant salts and sessions; in dev mode an empty one is the random
+        secret of the data directory (:mod:`kvtoll.dev_secret`). ``ValueError`` if none."""
         value = self.secret.get_secret_value()
-        if not value:
-            if not self.dev_mode:
-                raise ValueError("KVTOLL_SECRET is empty (set it, or KVTOLL_DEV_MODE=1)")
-            value = "kvtoll-dev-secret"
-        return value.encode()
+        if value:
+            return value.encode()
+        if not self.dev_mode:
+            raise ValueError("KVTOLL_SECRET is empty (set it, or KVTOLL_DEV_MODE=1)")
+        return dev_secret(self.data_dir)
+
+    def worker_tokens(self) -> WorkerTokens:
+        """The worker token(s); ``ValueError`` when unsafe outside dev mode (empty or short)."""
+        tokens = WorkerTokens(self.worker_token.get_secret_value(),
+                              self.worker_token_previous.get_secret_value())
+        if self.dev_mode:
+            return tokens
+        if not tokens.enabled:
+            raise ValueError("KVTOLL_WORKER_TOKEN is empty (set it or --worker-token on the "
+                             "gateway and every worker, or KVTOLL_DEV_MODE=1 for local use)")
+        if any(len(t) < MIN_TOKEN_LENGTH for t in tokens.accepted()):
+            raise ValueError(f"the worker token must be at least {MIN_TOKEN_LENGTH} characters")
+        return tokens
+
+    def metrics_open(self) -> bool:
+        """``/metrics`` without a token: only in dev mode with no metrics token set."""
+        return self.dev_mode and not self.metrics_token.get_secret_value()
 
 
 def load_settings(**overrides: object) -> Settings:

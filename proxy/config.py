@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from billing.keys import REVOCATION_BOUND_S
+
 
 @dataclass(frozen=True)
 class AdmissionLimits:
@@ -42,7 +44,7 @@ class ProxyConfig:
 
     limits: AdmissionLimits = AdmissionLimits()
     rate_limits: RateLimitDefaults = RateLimitDefaults()
-    auth_cache_ttl_s: float = 5.0  # a revoked key keeps working at most this long
+    auth_cache_ttl_s: float = float(REVOCATION_BOUND_S)  # a revoked key works at most this long
     auth_cache_size: int = 10_000
     upstream_first_byte_timeout_s: float = 60.0
     upstream_idle_timeout_s: float = 60.0

@@ -3,9 +3,11 @@
 ::
 
     settings ─► billing DB (SQLite: migrated on start; PostgreSQL: must be at head)
-             ─► upstreams: --worker URL … → HttpUpstream each (+ prefix router; workers
-                           announced in Redis join the pool; the workers'
-                           tokenizer, see engine.api.tokenizers)
+             ─► upstreams: --worker URL … → HttpUpstream each (+ prefix router; with
+                           --worker-discovery, workers with a signed registration
+                           in Redis join the pool; the workers' tokenizer, see
+                           engine.api.tokenizers); every worker call carries the
+                           worker token (proxy.upstream.link)
                            none          → the in-process engine (bundled SmolLM2)
              ─► semantic cache (MiniLM + FAISS; Redis-shared when KVTOLL_REDIS_URL)
              ─► proxy.app.create_app(...)
@@ -35,6 +37,7 @@ from kvtoll.settings import Settings
 from proxy.app import Resource, create_app
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.upstream.base import Upstream
+from proxy.upstream.link import WorkerLink
 
 
 class StackError(ValueError):
@@ -100,34 +103,59 @@ def prepare_database(url: str) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
-def worker_models(urls: tuple[str, ...]) -> list[str]:
+def worker_models(urls: tuple[str, ...], link: WorkerLink | None = None) -> list[str]:
     """Model ids the workers serve (``GET /v1/models``), in first-seen order."""
     found: list[str] = []
+    options = (link or WorkerLink()).httpx_options()
     for url in urls:
         try:
-            response = httpx.get(url.removesuffix("/v1") + "/v1/models", timeout=10)
-            response.raise_for_status()
-            ids = [str(m["id"]) for m in response.json()["data"]]
+            response = httpx.get(url.removesuffix("/v1") + "/v1/models", timeout=10, **options)
+            refused = response.status_code == 401
+            if not refused:
+                response.raise_for_status()
+                ids = [str(m["id"]) for m in response.json()["data"]]
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
             raise StackError(f"cannot list the models of worker {url}: {exc}") from exc
+        if refused:
+            raise StackError(f"worker {url} refused the worker token (401): give the gateway "
+                             "the token the workers accept (KVTOLL_WORKER_TOKEN)")
         found += [m for m in ids if m not in found]
     return found
+
+
+def worker_link(settings: Settings) -> WorkerLink:
+    """The worker token and TLS trust; :class:`StackError` when unsafe or unreadable."""
+    try:
+        token = settings.worker_tokens().current
+        link = WorkerLink(token, settings.worker_tls_ca)
+        link.ssl_context()  # a bad CA bundle fails here, not at the first request
+    except ValueError as exc:
+        raise StackError(str(exc)) from None
+    if settings.worker_discovery and not (settings.redis_url and token):
+        raise StackError("--worker-discovery needs KVTOLL_REDIS_URL and a worker token "
+                         "(registrations are signed with it)")
+    return link
 
 
 def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
     from proxy.routing.hook import RoutingOptions, RoutingStack
     from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
 
-    upstreams: list[Upstream] = [HttpUpstream(HttpUpstreamConfig(base_url=u))
-                                 for u in options.workers]
-    parts = _Parts(upstreams, worker_models(options.workers))
+    link = worker_link(settings)
+    context = link.ssl_context()
+    upstreams: list[Upstream] = [
+        HttpUpstream(HttpUpstreamConfig(base_url=u, api_key=link.token or None,
+                                        ssl_context=context))
+        for u in options.workers
+    ]
+    parts = _Parts(upstreams, worker_models(options.workers, link))
     parts.tokenizer = _worker_tokenizer(parts.models, options.tokenizer)
     redis = None
-    if settings.redis_url:
+    if settings.worker_discovery and settings.redis_url:  # opt-in: --worker is authoritative
         from redis.asyncio import Redis
 
         redis = Redis.from_url(settings.redis_url)
-    stack = RoutingStack(RoutingOptions(policy=options.routing_policy),
+    stack = RoutingStack(RoutingOptions(policy=options.routing_policy, link=link),
                          [(u.name, u.name) for u in upstreams], redis=redis)
     parts.router = stack.hook
     parts.fleet = stack.fleet
@@ -188,6 +216,9 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
     except ValueError as exc:
         raise StackError(str(exc)) from None
     workers = tuple(check_worker_url(u) for u in options.workers)
+    if settings.worker_discovery and not workers:
+        raise StackError("--worker-discovery adds registered workers to a --worker list: "
+                         "give at least one --worker")
     options = ServeOptions(workers, options.semantic, options.routing_policy, options.tokenizer)
     remote = _remote_parts(settings, options) if workers else None  # workers answer first
     factory = prepare_database(settings.database_url)

@@ -28,7 +28,7 @@ from billing.accounts import get_tenant_by_name
 from billing.usage import GroupBy
 from kvtoll.settings import Settings
 from web.api_views import cost_result, usage_result
-from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, set_cookie
+from web.auth import ADMIN_COOKIE, AdminAuth, check_same_origin, clear_cookie, set_cookie
 from web.dashboard_data import WorkerRows, admin_context
 from web.errors import ApiError, bad_param
 from web.pages import add_static_route, render_page, template_environment
@@ -159,9 +159,11 @@ class AdminPages:
         set_cookie(response, request, ADMIN_COOKIE, self._auth.new_session(), "/admin")
         return response
 
-    def logout(self) -> Response:
+    def logout(self, request: Request) -> Response:
+        """End the operator session server-side (a copied cookie stops working too)."""
+        self._auth.sign_out(request)
         response = RedirectResponse("/admin/dashboard", status_code=303)
-        response.delete_cookie(ADMIN_COOKIE, path="/admin", httponly=True, samesite="strict")
+        clear_cookie(response, request, ADMIN_COOKIE, "/admin")
         return response
 
 
@@ -172,7 +174,7 @@ def build_admin_dashboard_router(
     worker_status: WorkerStatusFn | None = None,
 ) -> APIRouter:
     """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
-    auth = AdminAuth(settings)
+    auth = AdminAuth(settings, session_factory)
     pages = AdminPages(session_factory, auth, template_environment(), worker_status)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)

@@ -1,8 +1,10 @@
 """Who is calling: a tenant (API key or session cookie) or the operator (admin token).
 
 Tenant API calls send ``Authorization: Bearer kvt_...``; pages use the session
-cookie set at sign-in (HttpOnly, SameSite=Strict, signed, expiring, never the key).
-Every cookie request re-checks that the key behind the session is still unrevoked.
+cookie set at sign-in (HttpOnly, SameSite=Lax, Secure over https, signed, expiring,
+never the key). The cookie carries a server-side session id
+(:mod:`billing.sessions`): every cookie request checks that the session has not
+ended (logout) and that the key behind it is still unrevoked, in one query.
 The admin token is compared in constant time; admin routes refuse to work while
 ``Settings.admin_token_problem()`` reports a problem.
 """
@@ -16,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request, Response
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing import sessions
 from billing.accounts import KeyIdentity, resolve_key
-from billing.models import ApiKey, Tenant, TenantId
+from billing.models import TenantId
 from kvtoll.settings import Settings
 from web.errors import ApiError, unauthorized
 from web.tokens import TokenSigner
@@ -61,11 +63,23 @@ def bearer_token(request: Request) -> str | None:
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str, path: str) -> None:
-    """Set a session cookie: HttpOnly, SameSite=Strict, Secure on HTTPS."""
+    """Set a session cookie: HttpOnly, SameSite=Lax, Secure on HTTPS."""
     response.set_cookie(
-        name, value, max_age=SESSION_TTL_S, path=path, httponly=True, samesite="strict",
+        name, value, max_age=SESSION_TTL_S, path=path, httponly=True, samesite="lax",
         secure=request.url.scheme == "https",
     )
+
+
+def clear_cookie(response: Response, request: Request, name: str, path: str) -> None:
+    """Tell the browser to drop a session cookie (the session itself is ended server-side)."""
+    response.delete_cookie(name, path=path, httponly=True, samesite="lax",
+                           secure=request.url.scheme == "https")
+
+
+def _session_id(signer: TokenSigner, token: str | None) -> str | None:
+    claims = signer.verify(token, time.time())
+    sid = claims.get("sid") if claims is not None else None
+    return sid if isinstance(sid, str) and sid else None
 
 
 def check_same_origin(request: Request) -> None:
@@ -101,24 +115,28 @@ class TenantAuth:
         if identity is None:
             return None
         principal = TenantPrincipal(identity.tenant_id, identity.tenant_name, identity.key_id)
-        claims = {"tid": int(principal.tenant_id), "kid": principal.key_id}
-        return principal, self.signer.issue(claims, time.time())
+        with self._factory.begin() as session:
+            sid = sessions.start_session(session, sessions.TENANT_SESSION, self.signer.ttl_s,
+                                         tenant_id=principal.tenant_id, key_id=principal.key_id)
+        return principal, self.signer.issue({"sid": sid}, time.time())
 
     def from_cookie(self, request: Request) -> TenantPrincipal | None:
-        """The principal of a valid session cookie whose key is still unrevoked."""
-        claims = self.signer.verify(request.cookies.get(TENANT_COOKIE), time.time())
-        if claims is None:
+        """The principal of a live session cookie whose key is still unrevoked."""
+        sid = _session_id(self.signer, request.cookies.get(TENANT_COOKIE))
+        if sid is None:
             return None
-        query = (
-            select(ApiKey.tenant_id, Tenant.name)
-            .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(ApiKey.id == str(claims.get("kid")), ApiKey.revoked_at.is_(None))
-        )
         with self._factory() as session:
-            found = session.execute(query).first()
-        if found is None or found[0] != claims.get("tid"):
+            found = sessions.live_tenant_session(session, sid)
+        if found is None:
             return None
-        return TenantPrincipal(TenantId(found[0]), found[1], str(claims["kid"]))
+        return TenantPrincipal(found.tenant_id, found.tenant_name, found.key_id)
+
+    def sign_out(self, request: Request) -> None:
+        """End the session of the request's cookie (logout), if it carries one."""
+        sid = _session_id(self.signer, request.cookies.get(TENANT_COOKIE))
+        if sid is not None:
+            with self._factory.begin() as session:
+                sessions.end_session(session, sid)
 
     def require(self, request: Request) -> TenantPrincipal:
         """Bearer key first (an invalid one is refused), then the session cookie."""
@@ -141,8 +159,9 @@ def _digest(text: str) -> bytes:
 class AdminAuth:
     """The operator: admin token (bearer or sign-in form) and the admin cookie."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, factory: sessionmaker[Session]) -> None:
         self._settings = settings
+        self._factory = factory
         self.problem = settings.admin_disabled_reason()
         self.dev_mode = settings.dev_mode
         self._token_digest = _digest(settings.admin_token.get_secret_value())
@@ -165,7 +184,11 @@ class AdminAuth:
         token = bearer_token(request)
         if token is not None:
             return bool(token) and self.token_matches(token)
-        return self.signer.verify(request.cookies.get(ADMIN_COOKIE), time.time()) is not None
+        sid = _session_id(self.signer, request.cookies.get(ADMIN_COOKIE))
+        if sid is None:
+            return False
+        with self._factory() as session:
+            return sessions.admin_session_live(session, sid)
 
     def require(self, request: Request) -> None:
         """Refuse unless the caller is the operator."""
@@ -174,4 +197,14 @@ class AdminAuth:
             raise unauthorized("admin token required")
 
     def new_session(self) -> str:
-        return self.signer.issue({"role": "admin"}, time.time())
+        """A fresh operator session's cookie value."""
+        with self._factory.begin() as session:
+            sid = sessions.start_session(session, sessions.ADMIN_SESSION, self.signer.ttl_s)
+        return self.signer.issue({"role": "admin", "sid": sid}, time.time())
+
+    def sign_out(self, request: Request) -> None:
+        """End the operator session of the request's cookie (logout), if any."""
+        sid = _session_id(self.signer, request.cookies.get(ADMIN_COOKIE))
+        if sid is not None:
+            with self._factory.begin() as session:
+                sessions.end_session(session, sid)

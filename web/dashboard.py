@@ -2,7 +2,7 @@
 
     GET  /dashboard              sign-in form, or the dashboard (?start=&end= ISO dates)
     POST /dashboard/login        form field ``api_key``; sets the session cookie
-    POST /dashboard/logout       clears it
+    POST /dashboard/logout       ends the session server-side and clears the cookie
     GET  /dashboard/static/...   CSS, JS and the vendored Chart.js
 
 Invoice downloads on the page link to ``/v1/invoices/{id}/download`` (cookie auth).
@@ -18,7 +18,14 @@ from jinja2 import Environment
 from sqlalchemy.orm import Session, sessionmaker
 
 from kvtoll.settings import Settings
-from web.auth import TENANT_COOKIE, KeyResolver, TenantAuth, check_same_origin, session_secret
+from web.auth import (
+    TENANT_COOKIE,
+    KeyResolver,
+    TenantAuth,
+    check_same_origin,
+    clear_cookie,
+    session_secret,
+)
 from web.auth import set_cookie as set_session_cookie
 from web.dashboard_data import tenant_context
 from web.errors import ApiError
@@ -64,9 +71,11 @@ class TenantPages:
         set_session_cookie(response, request, TENANT_COOKIE, signed_in[1], "/")
         return response
 
-    def logout(self) -> Response:
+    def logout(self, request: Request) -> Response:
+        """End the session server-side (a copied cookie stops working too)."""
+        self._auth.sign_out(request)
         response = RedirectResponse("/dashboard", status_code=303)
-        response.delete_cookie(TENANT_COOKIE, path="/", httponly=True, samesite="strict")
+        clear_cookie(response, request, TENANT_COOKIE, "/")
         return response
 
 

@@ -2,11 +2,14 @@
 (streamed or whole, usage with ``prompt_tokens_details.cached_tokens``) plus what
 the proxy's prefix router reads: ``GET /kv/events`` and ``GET /load``.
 
-Workers are internal services: only the kvtoll proxy should reach them. The
-tenant salt for prefix caching is taken from ``cache_salt`` (hex), which the
-proxy derives server-side and sets on every request; a worker never derives or
-guesses a salt from anything else. Bad input is a 4xx in OpenAI's shape and the
-worker keeps serving; a client that goes away aborts its engine request.
+Workers are internal services: only the kvtoll proxy should reach them, and with a
+worker token configured (``WorkerConfig.tokens``) every request without it is
+refused 401 before routing (:mod:`engine.serving.auth`). The tenant salt for
+prefix caching is taken from ``cache_salt`` (hex), which the proxy derives
+server-side and sets on every request, so it is only read from an authenticated
+gateway; a worker never derives or guesses a salt from anything else. Bad input is
+a 4xx in OpenAI's shape and the worker keeps serving; a client that goes away aborts
+its engine request.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
@@ -26,6 +29,7 @@ from engine.api import AsyncEngineClient, EngineRejected
 from engine.api.convert import PreparedRequest, prepare, rejection_error
 from engine.api.generation import ChoiceDelta, UsageTotals, collect, run_prepared
 from engine.kv.hashing import TenantSalt
+from engine.serving.auth import WorkerAuth
 from kvtoll.openai.errors import (
     DEFAULT_MAX_BODY_BYTES,
     SERVER_ERROR,
@@ -53,6 +57,7 @@ from kvtoll.openai.sse import (
     SSE_MEDIA_TYPE,
     sse_event,
 )
+from kvtoll.worker_auth import WorkerTokens
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,10 +67,12 @@ _Stream = AsyncGenerator[ChoiceDelta | UsageTotals, None]
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Worker server options. ``served_model_names`` empty: the engine's model name."""
+    """Worker server options. ``served_model_names`` empty: the engine's model name;
+    ``tokens`` empty: no caller authentication (dev mode only, see ``kvtoll worker``)."""
 
     served_model_names: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tokens: WorkerTokens = field(default_factory=WorkerTokens)
 
 
 class ClientGone(Exception):
@@ -252,6 +259,7 @@ def build_worker_app(engine: AsyncEngineClient, config: WorkerConfig | None = No
     service = WorkerService(engine, config or WorkerConfig())
     app = FastAPI(title="kvtoll worker", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    app.add_middleware(WorkerAuth, tokens=service.config.tokens)
     app.state.worker = service
 
     @app.post("/v1/chat/completions")

@@ -1,7 +1,8 @@
 """The worker side of scale-out over Redis, and the wire format routers read.
 
 Announcement: key ``{prefix}workers:{name}`` holding JSON ``{"url", "kv_events",
-"instance_id"}`` with a TTL (the heartbeat deadline): :func:`announce` sets it,
+"instance_id", "expires_at", "sigs"}`` (signed under the worker's tokens) with a TTL
+(the heartbeat deadline): :func:`announce` sets it,
 :class:`Heartbeat` renews it every ``ttl_s / 3`` and deletes it on a clean stop.
 
 KV events: stream ``{prefix}kv:{name}``, one entry per engine event with fields
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from engine.api import KVEvent
 from engine.api.wire import (
     DEFAULT_PREFIX,
     EventTransport,
+    announcement_body,
     announcement_key,
     event_fields,
     stream_key,
@@ -42,13 +44,16 @@ async def announce(
     name: str | None = None,
     kv_events: EventTransport = "http",
     instance_id: str | None = None,
+    tokens: Sequence[str] = (),
 ) -> None:
-    """Announce (or re-announce) a worker for ``ttl_s`` seconds."""
+    """Announce (or re-announce) a worker for ``ttl_s`` seconds, signed under each of
+    ``tokens`` (the worker's accepted tokens; gateways refuse an unsigned record)."""
     if ttl_s <= 0:
         raise ValueError("ttl_s must be positive")
-    body = {"url": url.rstrip("/"), "kv_events": kv_events, "instance_id": instance_id}
-    key = announcement_key(prefix, name or url.rstrip("/"))
-    await redis.set(key, json.dumps(body), px=max(1, int(ttl_s * 1000)))
+    worker_name = name or url.rstrip("/")
+    body = announcement_body(worker_name, url.rstrip("/"), kv_events, instance_id,
+                             time.time() + ttl_s, tokens)
+    await redis.set(announcement_key(prefix, worker_name), body, px=max(1, int(ttl_s * 1000)))
 
 
 class Heartbeat:
@@ -134,6 +139,7 @@ async def run_worker_presence(
     prefix: str = DEFAULT_PREFIX,
     name: str | None = None,
     publish_events: bool = True,
+    tokens: Sequence[str] = (),
 ) -> None:
     """Announce (and publish events) until ``stop`` is set; then withdraw the
     announcement. ``read_events`` is the engine's ``kv_events(cursor, limit)``; no
@@ -142,6 +148,7 @@ async def run_worker_presence(
     beat = Heartbeat(
         redis, public_url, ttl_s, prefix=prefix, name=worker_name,
         kv_events="redis" if publish_events else "http", instance_id=instance_id,
+        tokens=tokens,
     )
     tasks = [beat.run(stop)]
     if publish_events:

@@ -5,9 +5,10 @@ URL) re-announces itself every ``ttl_s / 3`` seconds (:class:`Heartbeat` from
 :mod:`engine.serving.kv_publish`, which also defines the wire format the router
 reads: a key that expires ``ttl_s`` after the last beat, deleted on a clean stop)
 and, with ``kv_events="redis"``, follows the engine's event log into its
-Redis stream (:func:`pump_engine_events`). Either task that loses Redis logs it and
-retries every ``retry_s`` seconds: the worker keeps serving meanwhile, and the router
-falls back on its own probes.
+Redis stream (:func:`pump_engine_events`). The announcement is signed under the
+worker's tokens (``tokens``): gateways take no unsigned or expired registration.
+Either task that loses Redis logs it and retries every ``retry_s`` seconds: the
+worker keeps serving meanwhile, and the router falls back on its own probes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Registration:
     kv_events: Literal["http", "redis"] = "redis"
     prefix: str = "kvtoll:"
     retry_s: float = 1.0
+    tokens: tuple[str, ...] = ()  # the worker's accepted tokens, current first
 
     @property
     def name(self) -> str:
@@ -69,6 +71,7 @@ async def run_registration(
         name=registration.name,
         kv_events=registration.kv_events,
         instance_id=instance_id,
+        tokens=registration.tokens,
     )
     tasks = [_supervise("heartbeat", lambda: heartbeat.run(stop), stop, registration.retry_s)]
     if registration.kv_events == "redis":

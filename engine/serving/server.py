@@ -20,11 +20,13 @@ async def serve_worker(
     port: int,
     log_level: str = "info",
     registration: Registration | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> None:
-    """Serve the worker app until a signal stops uvicorn; meanwhile announce the
-    worker and publish its KV events when ``registration`` is given."""
+    """Serve the worker app (https with ``tls``: certificate, key) until a signal stops
+    uvicorn; meanwhile announce the worker and publish its KV events when
+    ``registration`` is given."""
     app = build_worker_app(engine, worker)
-    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level, tls=tls))
     stop = asyncio.Event()
     side: asyncio.Task[None] | None = None
     if registration is not None:

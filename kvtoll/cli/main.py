@@ -34,7 +34,6 @@ COMMANDS: dict[str, LazyCommand] = {
     "key": LazyCommand("billing.cli", "Create, list and revoke API keys."),
     "price": LazyCommand("billing.cli", "Prices per model (USD per 1M tokens)."),
     "budget": LazyCommand("billing.cli", "Monthly spend budgets per tenant and key."),
-    "budget": LazyCommand("billing.cli", "Monthly spend budgets per tenant and per key."),
     "invoice": LazyCommand("billing.invoice_cli", "Close billing periods and export invoices."),
     "bench": LazyCommand("bench.cli", "Benchmarks (print JSON figures)."),
 }

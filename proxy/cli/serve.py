@@ -3,7 +3,10 @@
 Without ``--worker`` it serves the bundled SmolLM2-135M-Instruct from an in-process
 engine, with SQLite (migrated on start), in-process rate limits and semantic cache:
 no service needed. With ``--worker URL`` (repeatable) it fronts kvtoll workers or any
-OpenAI-compatible servers, routed by cached prefix. Every caller mistake prints one
+OpenAI-compatible servers, routed by cached prefix, sending the worker token
+(``--worker-token`` / ``KVTOLL_WORKER_TOKEN``, required outside dev mode) on every
+call; ``--worker-tls-ca`` verifies ``https://`` workers; ``--worker-discovery`` also
+takes workers with a signed registration in Redis. Every caller mistake prints one
 line and exits 2 before the server starts.
 """
 
@@ -33,10 +36,10 @@ def server_config(app: Any, *, host: str, port: int, log_level: str = "info",
     return uvicorn_config(app, host, port, log_level, fast=True, lifespan="on", **options)
 
 
-def _run(host: str, port: int, options: ServeOptions) -> None:
+def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, object]) -> None:
     from proxy.stack import build_stack
 
-    settings = load_settings()
+    settings = load_settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -77,9 +80,26 @@ def register(app: typer.Typer) -> None:
                               "counts and prefix routing: auto (by model name), none, or a "
                               ".gguf file / model directory")
         ] = "auto",
+        worker_token: Annotated[
+            str | None, typer.Option(help="Token sent to the workers as a bearer (default: "
+                                     "KVTOLL_WORKER_TOKEN; required outside dev mode)")
+        ] = None,
+        worker_tls_ca: Annotated[
+            str | None, typer.Option(help="CA bundle (PEM) that https:// workers' certificates "
+                                     "must chain to (default: KVTOLL_WORKER_TLS_CA, else the "
+                                     "system's)")
+        ] = None,
+        worker_discovery: Annotated[
+            bool | None,
+            typer.Option("--worker-discovery/--no-worker-discovery",
+                         help="Also route to workers registered in Redis with a record signed "
+                              "by the worker token (default: KVTOLL_WORKER_DISCOVERY or off)"),
+        ] = None,
     ) -> None:
         """Serve the OpenAI-compatible gateway (KVTOLL_* settings; see the README)."""
         from proxy.stack import ServeOptions
 
         options = ServeOptions(tuple(worker or ()), semantic_cache, routing_policy, tokenizer)
-        _run(host, port, options)
+        flags = {"worker_token": worker_token, "worker_tls_ca": worker_tls_ca,
+                 "worker_discovery": worker_discovery}
+        _run(host, port, options, {k: v for k, v in flags.items() if v is not None})

@@ -3,7 +3,8 @@
 
 After each registry refresh, :meth:`FleetSync.sync` adds an upstream (built by the
 ``make_upstream`` factory: an ``HttpUpstream`` named by the worker id) for every
-worker that announced itself in Redis and is not in the pool yet, and removes the
+worker that announced itself in Redis (a verified registration) and passed an
+authenticated probe, and is not in the pool yet, and removes the
 ones it added whose announcement expired. Static workers (``--worker URL``) are the
 pool's own upstreams and are never removed. Requests already streaming from a
 removed worker finish on it (the pool hands out upstreams, it does not own streams).
@@ -54,7 +55,7 @@ class FleetSync:
         known = {w.worker_id: w for w in self._registry.workers()}
         in_pool = {u.name for u in self._pool.upstreams}
         for worker_id, info in known.items():
-            if info.source == "redis" and worker_id not in in_pool:
+            if info.source == "redis" and info.healthy and worker_id not in in_pool:
                 upstream = self._make(worker_id, info.url)
                 self._pool.add(upstream)
                 self._added[worker_id] = upstream

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from redis.asyncio import Redis
 
 from engine.kv.hashing import hash_prompt_blocks
@@ -32,6 +31,7 @@ from proxy.routing.types import WorkerId
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 from proxy.upstream.h1 import H1Client
 from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig, make_client
+from proxy.upstream.link import WorkerLink
 
 BYTES_PER_TOKEN = 4  # for prompts known only as text
 
@@ -154,10 +154,12 @@ class RoutingOptions:
     events_interval_s: float = 0.1
     approx_max_blocks_per_worker: int = 100_000  # servers without KV events: LRU bound
     approx_ttl_s: float = 600.0  # ... and how long a prefix sent there is assumed kept
+    link: WorkerLink = field(default_factory=WorkerLink)  # worker token and TLS for every call
 
 
 class RoutingStack:
-    """Registry + event feeds + router + hook, with their background tasks."""
+    """Registry + event feeds + router + hook, with their background tasks. With
+    ``redis``, workers registered there join (signed under ``options.link.token``)."""
 
     def __init__(
         self,
@@ -168,10 +170,11 @@ class RoutingStack:
         make_upstream: UpstreamFactory | None = None,
     ) -> None:
         self.options = options
-        self._http = httpx.AsyncClient(timeout=options.registry.check_timeout_s)
+        self._http = options.link.async_client(options.registry.check_timeout_s)
         self._upstream_http: H1Client | None = None  # shared by announced workers
         self.registry = WorkerRegistry(
-            options.registry, static_workers, redis=redis, http=self._http
+            options.registry, static_workers, redis=redis, http=self._http,
+            registration_token=options.link.token,
         )
         approx = ApproxIndex(options.approx_max_blocks_per_worker, options.approx_ttl_s)
         self.router = PrefixRouter(
@@ -220,7 +223,9 @@ class RoutingStack:
     def _http_upstream(self, worker_id: WorkerId, url: str) -> Upstream:
         """An announced kvtoll worker as an upstream named by its worker id (all of them
         share one connection pool, closed with the stack)."""
-        config = HttpUpstreamConfig(base_url=url, name=worker_id)
+        link = self.options.link
+        config = HttpUpstreamConfig(base_url=url, name=worker_id, api_key=link.token or None,
+                                    ssl_context=link.ssl_context())
         if self._upstream_http is None:
             self._upstream_http = make_client(config)
         return HttpUpstream(config, client=self._upstream_http)

@@ -2,12 +2,17 @@
 
 Workers come from two places:
 
-* static URLs (``kvtoll serve --worker URL``), kept until the process ends;
-* Redis announcements (when ``KVTOLL_REDIS_URL`` is set): each worker keeps a key
-  ``{prefix}workers:{name}`` alive with ``announce`` (or a ``Heartbeat`` task), both
-  from :mod:`engine.serving.kv_publish`, which defines the wire format; the key's TTL
+* static URLs (``kvtoll serve --worker URL``), kept until the process ends; without
+  discovery they are the whole pool, whatever Redis holds;
+* Redis announcements, only when discovery is on (``redis`` given: ``kvtoll serve
+  --worker-discovery``): each worker keeps a key ``{prefix}workers:{name}`` alive with
+  ``announce`` (or a ``Heartbeat`` task), both from :mod:`engine.serving.kv_publish`;
+  the wire format is :mod:`engine.api.wire`'s. A record counts only if it is signed
+  under the worker token (``registration_token``), made for that name and not
+  expired; anything else is ignored (one WARNING per distinct record). The key's TTL
   is the heartbeat deadline, so a worker that stops announcing leaves the pool when
-  its key expires.
+  its key expires. An announced worker starts unhealthy: it becomes a candidate once
+  a probe (sent with the worker token) succeeds.
 
 Every ``check_interval_s`` each worker gets ``GET /load`` (kvtoll workers: load and
 instance id; they publish KV events) or, when that is 404, ``GET /healthz`` then
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -101,9 +107,14 @@ class WorkerRegistry:
         *,
         redis: Redis | None = None,
         http: httpx.AsyncClient | None = None,
+        registration_token: str = "",
     ) -> None:
+        if redis is not None and not registration_token:
+            raise ValueError("worker discovery needs the worker token to verify registrations")
         self.config = config
         self._redis = redis
+        self._registration_token = registration_token
+        self._refused: dict[str, str] = {}  # worker name -> digest of the record last refused
         self._http = http or httpx.AsyncClient(timeout=config.check_timeout_s)
         self._owns_http = http is None
         self._entries: dict[WorkerId, _Entry] = {}
@@ -141,7 +152,8 @@ class WorkerRegistry:
         await asyncio.gather(*(self._check(e) for e in list(self._entries.values())))
 
     async def discover(self) -> None:
-        """Add announced workers, drop Redis-sourced ones whose key expired."""
+        """Add workers with a valid signed announcement, drop Redis-sourced ones whose
+        key expired or no longer verifies."""
         if self._redis is None:
             return
         pattern = announcement_key(self.config.redis_prefix, "*")
@@ -149,18 +161,32 @@ class WorkerRegistry:
         bodies = await self._redis.mget(keys) if keys else []
         start = len(announcement_key(self.config.redis_prefix, ""))
         seen: set[WorkerId] = set()
+        now = time.time()
         for key, body in zip(keys, bodies, strict=True):
-            announced = parse_announcement(body)
-            if announced is None:
-                continue
             name = WorkerId((key.decode() if isinstance(key, bytes) else str(key))[start:])
+            announced = parse_announcement(body, name, self._registration_token, now)
+            if announced is None:
+                self._note_refused(name, body)
+                continue
             seen.add(name)
             if name not in self._entries:
-                self._add(name, announced[0], "redis", announced[1], announced[2])
+                self._add(name, announced.url, "redis", announced.kv_events,
+                          announced.instance_id, healthy=False)
         for worker_id in [w for w, e in self._entries.items() if e.info.source == "redis"]:
             if worker_id not in seen:
                 log.info("worker %s left (heartbeat expired)", worker_id)
                 del self._entries[worker_id]
+
+    def _note_refused(self, name: str, body: bytes | str | None) -> None:
+        """One WARNING per distinct refused record (a forged key is re-read every round)."""
+        raw = body.encode() if isinstance(body, str) else body or b""
+        digest = hashlib.sha256(raw).hexdigest()
+        if self._refused.get(name) != digest:
+            if len(self._refused) >= 10_000:
+                self._refused.clear()
+            self._refused[name] = digest
+            log.warning("ignored the registration of worker %r: not signed with the worker "
+                        "token, made for another name, or expired", name)
 
     async def run(
         self, stop: asyncio.Event, after_refresh: Callable[[], Awaitable[None]] | None = None
@@ -188,9 +214,11 @@ class WorkerRegistry:
         source: Literal["static", "redis"],
         kv_events: EventTransport,
         instance_id: str | None,
+        *,
+        healthy: bool = True,
     ) -> None:
         info = WorkerInfo(
-            worker_id, url.rstrip("/"), source, kv_events, True, WorkerLoad(), instance_id, 0
+            worker_id, url.rstrip("/"), source, kv_events, healthy, WorkerLoad(), instance_id, 0
         )
         self._entries[worker_id] = _Entry(info)
 

@@ -224,12 +224,12 @@ class H1Client:
     """Keep-alive connections per origin; at most ``max_connections`` in use at once."""
 
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 300.0,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._slots = asyncio.BoundedSemaphore(max_connections)
         self._idle: dict[Origin, list[_Conn]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl_context  # https: this context, else the system's default one
 
     async def request(self, method: str, origin: Origin, path: str,
                       headers: Mapping[str, str], body: bytes = b"", *,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import ssl
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,13 +77,14 @@ class HttpUpstreamConfig:
     """Where and how to reach one OpenAI-compatible server."""
 
     base_url: str  # http://host:port (a trailing /v1 is accepted)
-    api_key: str | None = None
+    api_key: str | None = None  # sent as a bearer on every call (kvtoll workers: the worker token)
     model: str | None = None  # model name to send instead of the client's
     send_salt: bool = True
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 300.0  # longest silence between two bytes
     max_connections: int = 256
     name: str | None = None  # what ``x-kvtoll-worker`` shows; default: the root URL
+    ssl_context: ssl.SSLContext | None = None  # https: trust this (default: system CAs)
 
     def root(self) -> str:
         """``base_url`` without a trailing ``/`` or ``/v1``."""
@@ -93,7 +95,8 @@ class HttpUpstreamConfig:
 def make_client(config: HttpUpstreamConfig) -> H1Client:
     """A connection pool with ``config``'s timeouts and size (may serve many origins)."""
     return H1Client(connect_timeout_s=config.connect_timeout_s,
-                    read_timeout_s=config.read_timeout_s, max_connections=config.max_connections)
+                    read_timeout_s=config.read_timeout_s, max_connections=config.max_connections,
+                    ssl_context=config.ssl_context)
 
 
 class HttpUpstream:
@@ -105,9 +108,9 @@ class HttpUpstream:
         self._origin = Origin.parse(self._root)
         self._owns_client = client is None
         self._client = client or make_client(config)
-        self._static_headers = {"accept": "text/event-stream", "content-type": "application/json"}
-        if config.api_key:
-            self._static_headers["authorization"] = f"Bearer {config.api_key}"
+        self._auth_headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._static_headers = {"accept": "text/event-stream", "content-type": "application/json",
+                                **self._auth_headers}
 
     @property
     def name(self) -> str:
@@ -179,7 +182,8 @@ class HttpUpstream:
         for path in ("/healthz", "/v1/models"):
             try:
                 resp = await self._client.request(
-                    "GET", self._origin, path, {}, read_timeout_s=self.config.connect_timeout_s
+                    "GET", self._origin, path, self._auth_headers,
+                    read_timeout_s=self.config.connect_timeout_s,
                 )
                 await resp.aread()
             except (H1Error, OSError):

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import NoReturn
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing import accounts, keys
@@ -43,6 +45,22 @@ def test_duplicate_tenant_is_a_conflict_and_writes_nothing(factory: Factory) -> 
         accounts.create_tenant(session, "acme")
     with pytest.raises(Conflict), factory.begin() as session:
         accounts.create_tenant(session, "acme")
+    assert _tenant_count(factory) == 1
+
+
+def test_tenant_names_are_unique_ignoring_case(factory: Factory) -> None:
+    with factory.begin() as session:
+        accounts.create_tenant(session, "acme")
+    for other in ("ACME", "Acme"):
+        with pytest.raises(Conflict, match="ignore case"), factory.begin() as session:
+            accounts.create_tenant(session, other)
+    with factory() as session:
+        found = accounts.get_tenant_by_name(session, "ACME")
+        assert found is not None and found.name == "acme"
+    # the database itself refuses, whatever the application checks
+    with pytest.raises(IntegrityError), factory.begin() as session:
+        session.add(Tenant(name="AcMe", created_at=datetime.now(UTC),
+                           semantic_allow_sampled=False, kv_reserved_blocks=0))
     assert _tenant_count(factory) == 1
 
 

@@ -57,12 +57,12 @@ def test_commands_before_upgrade_fail_without_creating_a_database(
 
 
 def test_db_upgrade_current_and_downgrade(cli: CliRunner, sqlite_url: str) -> None:
-    assert "database at 0004" in _ok(cli, "db", "upgrade").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current 0004 head 0004"
+    assert "database at 0005" in _ok(cli, "db", "upgrade").stdout
+    assert _ok(cli, "db", "current").stdout.strip() == "current 0005 head 0005"
     _assert_refused(cli, sqlite_url, "db", "downgrade", match="--yes")
     _assert_refused(cli, sqlite_url, "db", "upgrade", "--revision", "nope", match="nope")
     assert "database at base" in _ok(cli, "db", "downgrade", "--yes").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0004"
+    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0005"
     _ok(cli, "db", "upgrade")
     _ok(cli, "tenant", "create", "acme")
 
@@ -75,6 +75,7 @@ def test_tenant_commands_and_their_bad_input(cli: CliRunner, sqlite_url: str) ->
     assert listing[0].split("\t")[:2] == ["id", "name"]
     assert [line.split("\t")[1] for line in listing[1:]] == ["acme", "beta"]
     _assert_refused(cli, sqlite_url, "tenant", "create", "acme", match="already exists")
+    _assert_refused(cli, sqlite_url, "tenant", "create", "ACME", match="names ignore case")
     _assert_refused(cli, sqlite_url, "tenant", "create", "bad name", match="invalid tenant")
 
 
@@ -157,7 +158,7 @@ def test_price_bad_input(
 def test_cli_on_postgres(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVTOLL_DATABASE_URL", migrated_url)
     runner = CliRunner()
-    assert "database at 0004" in _ok(runner, "db", "upgrade").stdout
+    assert "database at 0005" in _ok(runner, "db", "upgrade").stdout
     _ok(runner, "tenant", "create", "acme")
     result = _run(runner, "tenant", "create", "acme")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
@@ -194,3 +195,24 @@ def test_tenant_policy_updates_only_the_given_fields(cli: CliRunner, sqlite_url:
         _assert_refused(cli, sqlite_url, "tenant", "policy", "acme", *args, match=match)
     _assert_refused(cli, sqlite_url, "tenant", "policy", "nobody", match="unknown tenant")
     _assert_refused(cli, sqlite_url, "key", "create", "acme", "--tpm", "lots", match="number")
+
+
+def test_key_revoke_help_states_the_revocation_bound(cli: CliRunner) -> None:
+    """The help says when a revoked key stops working, and that is the gateways' key
+    cache lifetime (not "immediately")."""
+    from proxy.config import ProxyConfig
+
+    text = " ".join(_ok(cli, "key", "revoke", "--help").stdout.split())
+    assert "immediately" not in text
+    assert f"within {keys.REVOCATION_BOUND_S} s" in text
+    assert ProxyConfig().auth_cache_ttl_s == keys.REVOCATION_BOUND_S
+
+
+def test_upgrade_refuses_tenant_names_that_clash_in_case(cli: CliRunner, sqlite_url: str) -> None:
+    _ok(cli, "db", "upgrade", "--revision", "0002")
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        for name in ("acme", "ACME", "Beta", "beta", "gamma"):
+            conn.execute("INSERT INTO tenants (name, created_at, semantic_allow_sampled, "
+                         "kv_reserved_blocks) VALUES (?, '2026-01-01', 0, 0)", (name,))
+    _assert_refused(cli, sqlite_url, "db", "upgrade", match="ACME, acme; Beta, beta")
+    assert _ok(cli, "db", "current").stdout.strip() == "current 0002 head 0005"

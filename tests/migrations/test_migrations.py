@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import multiprocessing
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -12,7 +13,9 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.util import CommandError
 from sqlalchemy import func, insert, inspect, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from billing.db import make_engine, session_factory
@@ -40,6 +43,7 @@ from billing.models import (
 TABLES = {
     "tenants", "api_keys", "prices", "usage_ledger", "usage_hourly", "invoices", "invoice_lines",
     "budgets",
+    "web_sessions",
 }
 
 
@@ -209,7 +213,7 @@ def test_0002_backfills_the_rollup_in_utc_and_writes_continue_it(db_url: str) ->
     assert len(grown) == 4  # the same rollup row as the backfill's, not a second one
     assert grown[(day - timedelta(hours=1), "", ServedBy.ENGINE)] == (2, 15, 0, 4, 0, 0)
     downgrade(db_url, "0001")
-    assert _tables(db_url) == TABLES - {"usage_hourly", "budgets"}
+    assert _tables(db_url) == TABLES - {"usage_hourly", "budgets", "web_sessions"}
     engine = make_engine(db_url)
     with engine.connect() as conn:
         count = conn.execute(select(func.count()).select_from(UsageRecord)).scalar()
@@ -237,3 +241,32 @@ def test_schema_problem_reads_the_revision(tmp_path: Path) -> None:
     downgrade(url, "0001")
     assert "schema is at 0001" in (schema_problem(url, engine) or "")
     engine.dispose()
+
+
+def _tenant_rows(url: str, names: Sequence[str]) -> None:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for name in names:
+            conn.execute(insert(Tenant).values(name=name, created_at=datetime.now(UTC),
+                                               semantic_allow_sampled=False,
+                                               kv_reserved_blocks=0))
+    engine.dispose()
+
+
+def test_0003_refuses_names_that_clash_in_case_and_lists_them(db_url: str) -> None:
+    upgrade(db_url, "0002")
+    _tenant_rows(db_url, ["acme", "ACME", "Beta", "beta", "gamma"])
+    with pytest.raises(CommandError) as refused:
+        upgrade(db_url)
+    message = str(refused.value)
+    assert "ACME, acme" in message and "Beta, beta" in message and "gamma" not in message
+    assert current_revision(db_url) == "0002"  # nothing changed
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tenants SET name = 'acme-2' WHERE name = 'ACME'"))
+        conn.execute(text("DELETE FROM tenants WHERE name = 'Beta'"))
+    engine.dispose()
+    upgrade(db_url)
+    assert is_up_to_date(db_url)
+    with pytest.raises(IntegrityError):
+        _tenant_rows(db_url, ["GAMMA"])

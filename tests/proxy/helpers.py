@@ -23,6 +23,7 @@ from proxy.cli.serve import server_config
 
 MODEL = "test-model"
 ADMIN_TOKEN = "a-long-and-random-admin-token-for-tests"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # /metrics and the admin API
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from kvtoll.settings import Settings
 from proxy.upstream.base import UpstreamDelta, UpstreamRejected, UpstreamRequest
 from tests.proxy.helpers import (
+    ADMIN,
     MODEL,
     LiveServer,
     Tenants,
@@ -67,7 +68,7 @@ def test_alert_then_hard_limit_and_refusals_are_not_billed(
     app = build_app(settings, db, upstreams=[ScriptedUpstream()])
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         answers = [_chat(client, tenants.key_a) for _ in range(8)]
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=ADMIN).text
         other = _chat(client, tenants.key_b)  # globex has no budget
     assert [r.status_code for r in answers] == [200] * 6 + [429] * 2
     # spend before each request: 0, 17, 34, 51, 68, 85 (e6): the alert starts at 50 %

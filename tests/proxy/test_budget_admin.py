@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
 from tests.proxy.helpers import (
+    ADMIN,
     ADMIN_TOKEN,
     LiveServer,
     build_app,
@@ -61,6 +62,6 @@ def test_budget_admin_api_and_the_gateway_applying_it(
         assert gone.status_code == 204
         assert client.delete("/admin/budgets/acme", headers=admin_headers).status_code == 404
         wait_until(lambda: _chat(client, tenants.key_a).status_code == 200, "the budget removed")
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=ADMIN).text
     assert 'kvtoll_budget_used_ratio{key="",tenant="acme"}' not in metrics
     assert f'kvtoll_budget_used_ratio{{key="{tenants.key_a_id}",tenant="acme"}}' in metrics

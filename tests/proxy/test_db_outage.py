@@ -12,6 +12,7 @@ from billing.db import make_engine, session_factory
 from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
 from tests.proxy.helpers import (
+    ADMIN,
     MODEL,
     LiveServer,
     build_app,
@@ -67,12 +68,13 @@ def test_pg_outage_during_traffic(
         assert ledger_count(direct) == 3
         ready = httpx.get(server.url + "/readyz").json()
         assert ready["ledger"] == "outbox"
-        depth = httpx.get(server.url + "/metrics").text
+        depth = httpx.get(server.url + "/metrics", headers=ADMIN).text
         assert "kvtoll_outbox_depth 6.0" in depth
 
         proxy.start()  # back: the background replay drains the outbox
         wait_until(lambda: state.outbox.depth() == 0, "outbox replay")
-        wait_until(lambda: "kvtoll_outbox_depth 0.0" in httpx.get(server.url + "/metrics").text,
+        wait_until(lambda: "kvtoll_outbox_depth 0.0"
+                   in httpx.get(server.url + "/metrics", headers=ADMIN).text,
                    "outbox depth metric")
         chat()
     engine.dispose()

@@ -18,7 +18,7 @@ from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
 from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticQuery
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
-from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows
+from tests.proxy.helpers import ADMIN, MODEL, LiveServer, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 
 BODY: dict[str, object] = {"model": MODEL,
@@ -44,7 +44,7 @@ def test_retry_on_next_upstream_before_first_byte(
         assert down.seen[0].request_id == up.seen[0].request_id  # same request, retried
         second = _post(server, tenants.key_a)  # the failed one is now marked unhealthy
         assert second.headers["x-kvtoll-worker"] == "up-1" and len(down.seen) == 1
-        metrics = httpx.get(server.url + "/metrics").text
+        metrics = httpx.get(server.url + "/metrics", headers=ADMIN).text
         assert 'kvtoll_upstream_healthy{upstream="down-0"} 0.0' in metrics
     rows = settled_rows(db, 2)
     assert {r.worker for r in rows} == {"up-1"}
@@ -129,7 +129,7 @@ def test_semantic_hook_hit_miss_and_cache_control(
         streamed = _post(server, tenants.key_a, {**BODY, "stream": True})
         assert streamed.headers["x-kvtoll-cache"] == "semantic"
         assert "word4" in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
-        metrics = httpx.get(server.url + "/metrics").text
+        metrics = httpx.get(server.url + "/metrics", headers=ADMIN).text
     assert len(upstream.seen) == 3
     assert len(semantic.lookups) == 4  # no lookup for no-cache
     assert all(q.tenant_id in (tenants.tenant_a, tenants.tenant_b) for q in semantic.lookups)
@@ -169,7 +169,7 @@ def test_stores_beyond_the_pending_cap_are_shed_and_the_answers_still_served(
             for n in range(5):
                 body = {**BODY, "messages": [{"role": "user", "content": f"question {n}"}]}
                 assert _post(server, tenants.key_a, body).status_code == 200
-            metrics = httpx.get(server.url + "/metrics").text
+            metrics = httpx.get(server.url + "/metrics", headers=ADMIN).text
             assert semantic.started == 2 and not semantic.answers
             assert "kvtoll_semantic_stores_shed_total 3.0" in metrics
         finally:
@@ -220,7 +220,7 @@ def test_metrics_exposition(
         list(client.chat.completions.create(model=MODEL, messages=[
             {"role": "user", "content": "x"}], stream=True))
         client.completions.create(model=MODEL, prompt="x")
-        text = httpx.get(server.url + "/metrics").text
+        text = httpx.get(server.url + "/metrics", headers=ADMIN).text
     for needle in (
         'kvtoll_requests_total{cache="miss",endpoint="chat",outcome="ok"} 1.0',
         'kvtoll_requests_total{cache="miss",endpoint="completions",outcome="ok"} 1.0',

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,7 +47,8 @@ def test_dashboard_sign_in_sets_a_safe_cookie_that_dies_with_the_key(
                            follow_redirects=False)
     assert response.status_code == 303
     header = response.headers["set-cookie"]
-    assert "HttpOnly" in header and "SameSite=strict" in header and "Max-Age=" in header
+    assert "HttpOnly" in header and "SameSite=lax" in header and "Max-Age=" in header
+    assert "Secure" not in header  # plain http here; see the https test below
     cookie = response.cookies[TENANT_COOKIE]
     assert seed.first_key not in cookie and seed.first_key[4:20] not in cookie
     page = client.get("/dashboard")
@@ -54,6 +58,55 @@ def test_dashboard_sign_in_sets_a_safe_cookie_that_dies_with_the_key(
         revoke_key(session, next(iter(seed.keys)))
     assert 'name="api_key"' in client.get("/dashboard").text
     assert client.get("/v1/invoices").status_code == 401
+
+
+def test_cookies_are_secure_over_https(
+    sqlite_web_factory: sessionmaker[Session], settings: Settings
+) -> None:
+    seed = add_tenant(sqlite_web_factory, "alpha", num_keys=1)
+    client = TestClient(create_web_app(settings, sqlite_web_factory), base_url="https://testserver")
+    response = client.post("/dashboard/login", data={"api_key": seed.first_key},
+                           follow_redirects=False)
+    header = response.headers["set-cookie"]
+    assert "Secure" in header and "HttpOnly" in header and "SameSite=lax" in header
+    admin = client.post("/admin/dashboard/login", data={"admin_token": ADMIN_TOKEN},
+                        follow_redirects=False)
+    assert "Secure" in admin.headers["set-cookie"]
+
+
+def test_logout_ends_the_session_for_a_copied_cookie_too(
+    sqlite_web_factory: sessionmaker[Session], settings: Settings
+) -> None:
+    seed = add_tenant(sqlite_web_factory, "alpha", num_keys=1)
+    client = TestClient(create_web_app(settings, sqlite_web_factory))
+    client.post("/dashboard/login", data={"api_key": seed.first_key})
+    stolen = client.cookies[TENANT_COOKIE]
+    assert client.get("/v1/invoices").status_code == 200
+    client.post("/dashboard/logout")
+    thief = TestClient(create_web_app(settings, sqlite_web_factory))
+    thief.cookies.set(TENANT_COOKIE, stolen)
+    assert thief.get("/v1/invoices").status_code == 401
+    assert 'name="api_key"' in thief.get("/dashboard").text
+    # the operator's session likewise
+    client.post("/admin/dashboard/login", data={"admin_token": ADMIN_TOKEN})
+    admin_cookie = client.cookies[ADMIN_COOKIE]
+    assert client.get("/admin/v1/invoices").status_code == 200
+    client.post("/admin/dashboard/logout")
+    thief.cookies.set(ADMIN_COOKIE, admin_cookie, path="/admin")
+    assert thief.get("/admin/v1/invoices").status_code == 401
+
+
+def test_a_signed_cookie_without_a_live_session_is_refused(
+    sqlite_web_factory: sessionmaker[Session], settings: Settings
+) -> None:
+    """A cookie correctly signed with the server secret but naming no session (or the
+    old claims: tenant and key ids) gets nothing."""
+    seed = add_tenant(sqlite_web_factory, "alpha", num_keys=1)
+    client = TestClient(create_web_app(settings, sqlite_web_factory))
+    signer = TokenSigner(settings.server_secret(), "tenant-session", 3600)
+    for claims in ({"tid": 1, "kid": next(iter(seed.keys))}, {"sid": "made-up"}):
+        client.cookies.set(TENANT_COOKIE, signer.issue(claims, time.time()))
+        assert client.get("/v1/invoices").status_code == 401
 
 
 def test_cross_site_login_is_refused(
@@ -118,14 +171,15 @@ def test_admin_refuses_to_work_with_a_weak_token(
 
 
 def test_dev_mode_accepts_a_weak_token_but_not_none(
-    sqlite_web_factory: sessionmaker[Session],
+    sqlite_web_factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
-    weak = TestClient(create_web_app(load_settings(admin_token="admin", dev_mode=True),
+    dev = {"dev_mode": True, "data_dir": str(tmp_path)}
+    weak = TestClient(create_web_app(load_settings(admin_token="admin", **dev),
                                      sqlite_web_factory))
     for token, status in (("admin", 200), ("x", 401)):
         headers = {"Authorization": f"Bearer {token}"}
         assert weak.get("/admin/v1/invoices", headers=headers).status_code == status
-    empty = TestClient(create_web_app(load_settings(admin_token="", dev_mode=True),
+    empty = TestClient(create_web_app(load_settings(admin_token="", **dev),
                                       sqlite_web_factory))
     response = empty.get("/admin/v1/invoices", headers={"Authorization": "Bearer "})
     assert response.status_code == 503 and "empty" in response.json()["error"]["message"]

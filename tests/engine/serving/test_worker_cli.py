@@ -18,6 +18,18 @@ from typer.testing import CliRunner
 
 from engine.cli import engine_config, register
 
+TOKEN = "worker-cli-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker token and no dev mode, whatever the calling shell has."""
+    for name in ("KVTOLL_WORKER_TOKEN_PREVIOUS", "KVTOLL_TLS_CERT", "KVTOLL_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KVTOLL_WORKER_TOKEN", TOKEN)
+    monkeypatch.setenv("KVTOLL_DEV_MODE", "0")
+
 
 def _app() -> typer.Typer:
     app = typer.Typer()
@@ -62,6 +74,29 @@ def busy_port() -> Iterator[int]:
 )
 def test_bad_flags_fail_with_one_line_and_exit_2(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(_app(), ["worker", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "needle"),
+    [
+        ({"KVTOLL_WORKER_TOKEN": ""}, [], "KVTOLL_WORKER_TOKEN is empty"),
+        ({"KVTOLL_WORKER_TOKEN": "short"}, [], "at least 16 characters"),
+        ({}, ["--worker-token", ""], "KVTOLL_WORKER_TOKEN is empty"),
+        ({}, ["--worker-token-previous", "short"], "at least 16 characters"),
+        ({"KVTOLL_WORKER_TOKEN": ""}, ["--worker-token-previous", TOKEN], "needs a current one"),
+        ({}, ["--tls-cert", "/nonexistent.pem"], "--tls-cert and --tls-key go together"),
+        ({}, ["--tls-cert", "/nonexistent.pem", "--tls-key", "/x.pem"], "cannot read --tls-cert"),
+    ],
+)
+def test_an_unsafe_token_or_bad_tls_files_fail_with_one_line(
+    env: dict[str, str], args: list[str], needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(_app(), ["worker", "--model", "kvtoll-tiny", "--port", "0", *args])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
@@ -116,7 +151,7 @@ def test_worker_process_serves_and_stops_on_sigint() -> None:
         "--served-model-name",
         "tiny",
     ]
-    env = {**os.environ, "KVTOLL_LOG_LEVEL": "warning"}
+    env = {**os.environ, "KVTOLL_LOG_LEVEL": "warning", "KVTOLL_WORKER_TOKEN": TOKEN}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -124,15 +159,17 @@ def test_worker_process_serves_and_stops_on_sigint() -> None:
             if proc.poll() is not None:
                 break
             try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{base}/healthz", headers=AUTH, timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        resp = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+        resp = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] <= 2
-        assert httpx.get(f"{base}/load").json()["num_total_blocks"] == 32
+        assert httpx.get(f"{base}/load", headers=AUTH).json()["num_total_blocks"] == 32
+        refused = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+        assert refused.status_code == 401 and TOKEN not in refused.text
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) in (0, 128 + signal.SIGINT, -signal.SIGINT)

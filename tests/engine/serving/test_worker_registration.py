@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from engine.api import GenerationRequest, SamplingParams
-from engine.api.wire import announcement_key, stream_key
+from engine.api.wire import announcement_key, parse_announcement, stream_key
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
@@ -20,6 +21,7 @@ from engine.serving.registration import Registration, run_registration
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 URL = "http://10.1.2.3:8001"
+TOKENS = ("registration-test-token-current", "registration-test-token-previous")
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ async def test_announce_publish_withdraw(
     engine: AsyncEngine, redis_url: str, redis_prefix: str
 ) -> None:
     redis = Redis.from_url(redis_url)
-    reg = Registration(redis_url, URL + "/", ttl_s=5, prefix=redis_prefix)
+    reg = Registration(redis_url, URL + "/", ttl_s=5, prefix=redis_prefix, tokens=TOKENS)
     stop = asyncio.Event()
     task = asyncio.create_task(run_registration(reg, engine, "inst-1", stop))
     key = announcement_key(redis_prefix, URL)
@@ -54,7 +56,16 @@ async def test_announce_publish_withdraw(
         raw = await redis.get(key)
         assert raw is not None
         body = json.loads(raw)
-        assert body == {"url": URL, "kv_events": "redis", "instance_id": "inst-1"}
+        assert {k: body[k] for k in ("name", "url", "kv_events", "instance_id")} == {
+            "name": URL, "url": URL, "kv_events": "redis", "instance_id": "inst-1"}
+        now = time.time()
+        assert now < body["expires_at"] <= now + 5
+        for token in TOKENS:  # signed for gateways on either token (rotation)
+            announced = parse_announcement(raw, URL, token, now)
+            assert announced is not None and announced.url == URL
+        assert parse_announcement(raw, URL, "another-token-entirely-0123", now) is None
+        assert parse_announcement(raw, "other-name", TOKENS[0], now) is None
+        assert parse_announcement(raw, URL, TOKENS[0], body["expires_at"]) is None
         assert 0 < await redis.pttl(key) <= 5000
         request = GenerationRequest("g1", tuple(range(1, 41)), SamplingParams(max_tokens=1))
         async for _ in engine.generate(request):

@@ -14,13 +14,15 @@ from kvtoll.cli.main import build_app
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("KVTOLL_REDIS_URL", "KVTOLL_MODEL_PATH", "KVTOLL_DATABASE_URL"):
+    for name in ("KVTOLL_REDIS_URL", "KVTOLL_MODEL_PATH", "KVTOLL_DATABASE_URL",
+                 "KVTOLL_WORKER_TLS_CA", "KVTOLL_WORKER_DISCOVERY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KVTOLL_DATABASE_URL", f"sqlite:///{tmp_path / 'k.db'}")
     monkeypatch.setenv("KVTOLL_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("KVTOLL_ADMIN_TOKEN", "a-long-enough-admin-token-for-cli")
     monkeypatch.setenv("KVTOLL_SECRET", "cli-test-secret")
     monkeypatch.setenv("KVTOLL_DEV_MODE", "0")
+    monkeypatch.setenv("KVTOLL_WORKER_TOKEN", "cli-test-worker-token-0123456")
     return tmp_path
 
 
@@ -101,3 +103,30 @@ def test_bad_engine_device_settings(
     monkeypatch.setenv(name, value)
     code, output = _serve()
     assert code == 2 and message in output
+
+
+@pytest.mark.parametrize(
+    ("env_token", "args", "message"),
+    [
+        ("", [], "KVTOLL_WORKER_TOKEN is empty"),
+        ("short", [], "at least 16 characters"),
+        (None, ["--worker-token", ""], "KVTOLL_WORKER_TOKEN is empty"),
+        (None, ["--worker-tls-ca", "/nonexistent/ca.pem"], "cannot read --worker-tls-ca"),
+        (None, ["--worker-discovery"], "--worker-discovery needs KVTOLL_REDIS_URL"),
+    ],
+)
+def test_worker_link_mistakes(
+    env: Path, monkeypatch: pytest.MonkeyPatch, env_token: str | None, args: list[str],
+    message: str,
+) -> None:
+    if env_token is not None:
+        monkeypatch.setenv("KVTOLL_WORKER_TOKEN", env_token)
+    code, output = _serve("--worker", "http://127.0.0.1:9", *args)
+    assert code == 2 and message in output and len(output.strip().splitlines()) == 1
+    assert not (env / "k.db").exists()
+
+
+def test_discovery_needs_a_worker_list(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOLL_REDIS_URL", "redis://127.0.0.1:1")
+    code, output = _serve("--worker-discovery")
+    assert code == 2 and "give at least one --worker" in output

@@ -1,6 +1,7 @@
-"""Workers that announce themselves in the real Redis become the gateway's upstreams
-(and leave when their announcement goes); the router's calibration and per-worker
-state appear on the gateway's ``/metrics``."""
+"""Workers that announce themselves in the real Redis (signed with the worker token)
+become the gateway's upstreams, called with the token (and leave when their
+announcement goes); the router's calibration and per-worker state appear on the
+gateway's ``/metrics``."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ from engine.api.wire import announcement_key
 from engine.async_engine import AsyncEngine
 from engine.config import TINY_MODEL, EngineConfig
 from engine.factory import build_engine
-from engine.serving.app import build_worker_app
+from engine.serving.app import WorkerConfig, build_worker_app
 from engine.serving.kv_publish import announce
 from kvtoll.server import serve_in_background
 from kvtoll.settings import load_settings
+from kvtoll.worker_auth import WorkerTokens
 from proxy.app import create_app
 from proxy.routing.hook import RoutingOptions, RoutingStack
 from proxy.routing.registry import RegistryConfig
+from proxy.upstream.link import WorkerLink
 from tests.proxy.helpers import ADMIN_TOKEN, Tenants, seed
 from tests.proxy.scripted import ScriptedUpstream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+WORKER_TOKEN = "fleet-test-worker-token-0123456"
 
 
 @pytest.fixture
@@ -41,7 +45,8 @@ def anyio_backend() -> str:
 async def worker_url() -> AsyncIterator[str]:
     engine: AsyncEngine = build_engine(EngineConfig.tiny())
     try:
-        async with serve_in_background(build_worker_app(engine)) as url:
+        config = WorkerConfig(tokens=WorkerTokens(WORKER_TOKEN))
+        async with serve_in_background(build_worker_app(engine, config)) as url:
             yield url
     finally:
         engine.shutdown()
@@ -72,6 +77,7 @@ async def test_announced_workers_join_and_leave_the_pool(
     options = RoutingOptions(
         policy="round_robin",
         registry=RegistryConfig(redis_prefix=redis_prefix, check_interval_s=0.1),
+        link=WorkerLink(WORKER_TOKEN),
     )
     routing = RoutingStack(options, [], redis=redis)
     local = ScriptedUpstream("local-0")
@@ -87,7 +93,8 @@ async def test_announced_workers_join_and_leave_the_pool(
             transport=transport, base_url="http://gateway", timeout=60
         ) as client:
             assert names() == {"local-0"}
-            await announce(redis, worker_url, 30, prefix=redis_prefix, kv_events="http")
+            await announce(redis, worker_url, 30, prefix=redis_prefix, kv_events="http",
+                           tokens=[WORKER_TOKEN])
             await _until(lambda: names() == {"local-0", worker_url}, "the worker to join")
             served = []
             for _ in range(4):
@@ -95,7 +102,8 @@ async def test_announced_workers_join_and_leave_the_pool(
                 assert response.status_code == 200, response.text
                 served.append(response.headers["x-kvtoll-worker"])
             assert set(served) == {"local-0", worker_url}  # round robin over both
-            metrics = (await client.get("/metrics")).text
+            admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            metrics = (await client.get("/metrics", headers=admin)).text
             assert f'kvtoll_router_worker_healthy{{worker="{worker_url}"}} 1.0' in metrics
             assert "kvtoll_router_prediction_error_tokens_count" in metrics
             await redis.delete(announcement_key(redis_prefix, worker_url))
@@ -103,6 +111,6 @@ async def test_announced_workers_join_and_leave_the_pool(
             for _ in range(2):
                 response = await client.post("/v1/completions", json=body, headers=headers)
                 assert response.headers["x-kvtoll-worker"] == "local-0"
-            assert worker_url not in (await client.get("/metrics")).text
+            assert worker_url not in (await client.get("/metrics", headers=admin)).text
     finally:
         await redis.aclose()

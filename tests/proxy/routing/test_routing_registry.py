@@ -9,9 +9,12 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from engine.api.wire import announcement_body, announcement_key
 from engine.serving.kv_publish import Heartbeat, announce
 from proxy.routing.registry import RegistryConfig, WorkerRegistry
 from proxy.routing.types import WorkerId
+
+TOKEN = "registry-test-worker-token-0123"
 
 
 def _closed_port_url() -> str:
@@ -49,11 +52,12 @@ def test_heartbeat_expiry_removes_a_worker(redis_url: str, redis_prefix: str) ->
         try:
             config = RegistryConfig(redis_prefix=redis_prefix)
             async with httpx.AsyncClient(transport=_worker_transport()) as http:
-                registry = WorkerRegistry(config, redis=redis, http=http)
-                await announce(redis, "http://w1:8001", 0.3, prefix=redis_prefix, name="w1")
-                await announce(
-                    redis, "http://w2:8001", 30, prefix=redis_prefix, name="w2", kv_events="redis"
-                )
+                registry = WorkerRegistry(config, redis=redis, http=http,
+                                          registration_token=TOKEN)
+                await announce(redis, "http://w1:8001", 0.3, prefix=redis_prefix, name="w1",
+                               tokens=[TOKEN])
+                await announce(redis, "http://w2:8001", 30, prefix=redis_prefix, name="w2",
+                               kv_events="redis", tokens=[TOKEN])
                 await registry.refresh()
                 assert {w.worker_id for w in registry.workers()} == {"w1", "w2"}
                 assert registry.get(WorkerId("w2")).kv_events == "redis"  # type: ignore[union-attr]
@@ -77,10 +81,12 @@ def test_a_heartbeat_keeps_a_worker_announced_and_withdraws_it_on_stop(
             stop = asyncio.Event()
             # Renewed every TTL / 3 = 0.5 s: only a 1.5 s stall of this loop would let the
             # key lapse (at a 0.3 s TTL a loaded 2-core CI machine once stalled that long).
-            beat = Heartbeat(redis, "http://w3:8001", 1.5, prefix=redis_prefix, name="w3")
+            beat = Heartbeat(redis, "http://w3:8001", 1.5, prefix=redis_prefix, name="w3",
+                             tokens=[TOKEN])
             task = asyncio.create_task(beat.run(stop))
             await asyncio.sleep(3.2)  # more than two TTLs
-            registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix), redis=redis)
+            registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix), redis=redis,
+                                      registration_token=TOKEN)
             await registry.discover()
             assert [w.worker_id for w in registry.workers()] == ["w3"]
             stop.set()
@@ -157,11 +163,13 @@ def test_a_worker_found_through_redis_streams_its_events_to_the_router(
                     ttl_s=2.0,
                     prefix=redis_prefix,
                     name="w9",
+                    tokens=[TOKEN],
                 )
             )
             async with httpx.AsyncClient(transport=_worker_transport()) as http:
                 config = RegistryConfig(redis_prefix=redis_prefix)
-                registry = WorkerRegistry(config, redis=redis, http=http)
+                registry = WorkerRegistry(config, redis=redis, http=http,
+                                          registration_token=TOKEN)
                 index = PreciseIndex()
                 consumer = RedisEventConsumer(redis, index, prefix=redis_prefix)
                 feeds = EventFeeds(registry, index, http, consumer)
@@ -190,5 +198,91 @@ def test_a_malformed_load_answer_counts_as_a_failed_check() -> None:
             registry = WorkerRegistry(config, [("odd", "http://odd:8001")], http=http)
             await registry.refresh()
             assert registry.healthy_workers() == []
+
+    asyncio.run(scenario())
+
+
+def test_discovery_needs_the_worker_token() -> None:
+    redis = Redis.from_url("redis://127.0.0.1:1")  # never connected
+    with pytest.raises(ValueError, match="worker token"):
+        WorkerRegistry(RegistryConfig(), redis=redis)
+
+
+def _forged_records(now: float) -> dict[str, str]:
+    """Records a Redis writer without the worker token can make, by name."""
+    signed_for_w = announcement_body("w", "http://10.9.9.9:1", "http", None, now + 30, [TOKEN])
+    return {
+        "plain": '{"url": "http://10.9.9.9:1", "kv_events": "http"}',  # the old format
+        "wrong-token": announcement_body("wrong-token", "http://10.9.9.9:1", "http", None,
+                                         now + 30, ["not-the-worker-token-0123456789"]),
+        "expired": announcement_body("expired", "http://10.9.9.9:1", "http", None, now - 1,
+                                     [TOKEN]),
+        "forever": announcement_body("forever", "http://10.9.9.9:1", "http", None, now + 10**6,
+                                     [TOKEN]),
+        "copied": signed_for_w,  # a genuine record replayed under another name
+        "tampered": signed_for_w.replace("10.9.9.9:1", "10.6.6.6:1").replace('"w"', '"tampered"'),
+        "garbage": "not json",
+    }
+
+
+@pytest.mark.redis
+def test_unsigned_forged_expired_or_copied_registrations_are_ignored(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone who can write Redis can write these keys; none may add a worker."""
+    import time
+
+    probed: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        probed.append(str(request.url))
+        return _worker_transport().handle_request(request)
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            for name, body in _forged_records(time.time()).items():
+                await redis.set(announcement_key(redis_prefix, name), body, ex=60)
+            await announce(redis, "http://good:8001", 30, prefix=redis_prefix, name="good",
+                           tokens=[TOKEN])
+            async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+                registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix),
+                                          redis=redis, http=http, registration_token=TOKEN)
+                with caplog.at_level("WARNING", logger="proxy.routing.registry"):
+                    await registry.refresh()
+                    await registry.refresh()  # the same forged records again: no new lines
+                assert [w.worker_id for w in registry.workers()] == ["good"]
+                assert probed and all(url.startswith("http://good:8001/") for url in probed)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
+    refused = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(refused) == len(_forged_records(0))
+
+
+@pytest.mark.redis
+def test_an_announced_worker_gets_traffic_only_after_an_authenticated_probe(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A validly signed record is not enough: until the worker answers a probe sent
+    with the token it is no candidate (here it refuses the token: 401)."""
+    refusing = httpx.MockTransport(lambda request: httpx.Response(401))
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            await announce(redis, "http://w5:8001", 30, prefix=redis_prefix, name="w5",
+                           tokens=[TOKEN])
+            async with httpx.AsyncClient(transport=refusing) as http:
+                registry = WorkerRegistry(RegistryConfig(redis_prefix=redis_prefix),
+                                          redis=redis, http=http, registration_token=TOKEN)
+                await registry.discover()
+                assert [w.worker_id for w in registry.workers()] == ["w5"]
+                assert registry.healthy_workers() == []
+                await registry.refresh()
+                assert registry.healthy_workers() == []
+        finally:
+            await redis.aclose()
 
     asyncio.run(scenario())

@@ -4,8 +4,8 @@ One row per tenant (``api_key_id`` = ``''``) or key: the hard limit in picodolla
 per UTC month and the soft alert threshold in parts per million of it. Nothing is
 backfilled: no budget exists before this revision.
 
-Revision ID: 0004
-Revises: 0002
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-02
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004"
-down_revision: str | None = "0002"
+revision: str = "0005"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
