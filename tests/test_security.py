@@ -297,6 +297,18 @@ def test_redis_writers_cannot_add_a_worker(stack: Stack) -> None:
         evil.close()
 
 
+def _settled_count(factory: sessionmaker[Session]) -> int:
+    """The ledger's row count once earlier tests' rows have drained (the outbox writes
+    them about 0.2 s after each response): two equal readings 0.6 s apart."""
+    count = ledger_count(factory)
+    while True:
+        time.sleep(0.6)
+        again = ledger_count(factory)
+        if again == count:
+            return count
+        count = again
+
+
 # ------------------------------------------------------------------ 2. the workers
 @pytest.mark.parametrize("who", ["worker1", "worker2"])
 def test_workers_refuse_callers_without_the_token(stack: Stack, who: str) -> None:
@@ -307,7 +319,7 @@ def test_workers_refuse_callers_without_the_token(stack: Stack, who: str) -> Non
     verify: object = str(stack.ca) if url.startswith("https") else True
     log = stack.procs[who]
     before_lines = log.text().count("WARNING refused")
-    billed = ledger_count(stack.g_db), ledger_count(stack.d_db)
+    billed = _settled_count(stack.g_db), _settled_count(stack.d_db)
     salt = derive_tenant_salt(b"a guessed or leaked secret", stack.g_tenants.tenant_a).hex()
     probe = {"model": MODEL, "max_tokens": 2, "cache_salt": salt,
              "messages": [{"role": "system", "content": SYSTEM},
