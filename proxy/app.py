@@ -41,7 +41,8 @@ from proxy.http import openai as openai_routes
 from proxy.http import ops as ops_routes
 from proxy.http.completions import CompletionEndpoints, GatewayApp
 from proxy.intake import Intake, RateLimited
-from proxy.metering import Meter
+from proxy.ledger_process import ProcessLedgerSink, shareable_url
+from proxy.metering import LedgerSink, Meter
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.pool import UpstreamPool
@@ -70,7 +71,7 @@ def _limiter(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
         return RedisRateLimiter.from_url(
             settings.redis_url, config.rate_limits, metrics, prefix=prefix
         )
-    return LocalRateLimiter()
+    return LocalRateLimiter(burst_s=config.rate_limits.burst_s)
 
 
 def _budget_guard(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
@@ -122,7 +123,7 @@ def create_app(
     settings.server_secret()  # raises ValueError without one (outside dev mode)
     if not models:
         raise ValueError("at least one model name is required")
-    config = config or ProxyConfig()
+    config = config or ProxyConfig.from_settings(settings)
     metrics = ProxyMetrics.create()
     limiter = limiter or _limiter(settings, config, metrics, ratelimit_prefix)
     budgets = _budget_guard(settings, config, metrics, session_factory, ratelimit_prefix)
@@ -184,6 +185,13 @@ class _GatewayParts:
     budgets: BudgetGuard
 
 
+def _ledger_sink(settings: Settings, factory: sessionmaker[Session]) -> LedgerSink | None:
+    """The writer process (``KVTOLL_LEDGER_WRITER=process``, when another process can open
+    the database), else None: the drainer's thread writes."""
+    url = shareable_url(factory) if settings.ledger_writer == "process" else None
+    return None if url is None else ProcessLedgerSink(url)
+
+
 def _build_state(
     settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
     upstreams: Sequence[Upstream], session_factory: sessionmaker[Session],
@@ -194,7 +202,8 @@ def _build_state(
     metrics.outbox_depth.set(outbox.depth())
     meter = Meter(session_factory, outbox, metrics,
                   retry_interval_s=config.ledger_retry_interval_s,
-                  batch_delay_s=config.ledger_batch_delay_s)
+                  batch_delay_s=config.ledger_batch_delay_s,
+                  sink=_ledger_sink(settings, session_factory))
     pool = UpstreamPool(upstreams, metrics)
     authenticator = KeyAuthenticator(
         session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size
@@ -236,6 +245,7 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
         await state.gateway.aclose()
         await state.meter.drain()  # a graceful stop leaves nothing behind if the DB is up
+        await state.meter.close()
         await state.limiter.aclose()
         await state.pool.aclose()
         await asyncio.to_thread(state.outbox.close)

@@ -5,9 +5,12 @@ Write path (transactional outbox)::
     request finishes ─► Meter.record(entry) ─► outbox.put (one append to a local journal,
                                                in the event loop; survives kill -9)
                                             └► wake the drainer
-    drainer (background) ─► outbox.take_fresh() ─► billing.ledger.LedgerWriter.write
+    drainer (background) ─► outbox.take_fresh() ─► LedgerSink.write ─► LedgerWriter.write
                             (records since the       (one transaction per batch,
-                             last trip, no backlog)   idempotent by request id)
+                             last trip, no backlog)   idempotent by request id; in the
+                                                      writer process of
+                                                      proxy.ledger_process by default,
+                                                      off the gateway's GIL)
                                                    ─► outbox.settle_taken()
                             backlog (DB was down, a crash): outbox.peek(batch) ─► write
                                                    ─► outbox.remove(batch)
@@ -32,7 +35,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
@@ -70,8 +73,35 @@ def entry_from_json(data: dict[str, Any]) -> LedgerEntry:
     return LedgerEntry(**fields)
 
 
+class LedgerSink(Protocol):
+    """Where the drainer's batches go: :class:`InProcessLedgerSink`, or the writer
+    process of :mod:`proxy.ledger_process` (the gateway's default)."""
+
+    def write(self, payloads: list[dict[str, Any]]) -> int:
+        """Write :func:`entry_to_json` records in one ledger transaction (idempotent by
+        request id); how many were new. ``ValueError`` / ``TypeError`` / ``KeyError``:
+        an entry the ledger refuses; any other exception: the database failed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcessLedgerSink:
+    """:class:`LedgerSink` in the calling thread (tests, in-memory databases)."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._writer = LedgerWriter(factory)
+
+    def write(self, payloads: list[dict[str, Any]]) -> int:
+        return self._writer.write([entry_from_json(p) for p in payloads])
+
+    def close(self) -> None:
+        pass
+
+
 class Meter:
-    """Durable usage recording through the outbox (see module doc)."""
+    """Durable usage recording through the outbox (see module doc). ``sink`` writes the
+    drained batches (default: in the drainer's thread)."""
 
     def __init__(
         self,
@@ -82,9 +112,10 @@ class Meter:
         retry_interval_s: float = 2.0,
         batch_delay_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
+        sink: LedgerSink | None = None,
     ) -> None:
         self._factory = factory
-        self._writer = LedgerWriter(factory)
+        self._sink = sink or InProcessLedgerSink(factory)
         self._outbox = outbox
         self._metrics = metrics
         self._retry_s = retry_interval_s
@@ -140,7 +171,7 @@ class Meter:
             if not fresh:
                 return 0, self._outbox.depth()
             try:
-                self._writer.write([entry_from_json(p) for _, p in fresh])
+                self._sink.write([p for _, p in fresh])
             except (ValueError, TypeError, KeyError):  # a bad entry: the backlog isolates it
                 self._outbox.keep_taken()
             except Exception as exc:
@@ -169,7 +200,7 @@ class Meter:
     def _write_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> int:
         """Write one batch; returns how many left the outbox (all, or 0 on a DB failure)."""
         try:
-            self._writer.write([entry_from_json(p) for _, p in batch])
+            self._sink.write([p for _, p in batch])
         except (ValueError, TypeError, KeyError):  # one bad entry: isolate it
             return self._write_one_by_one(batch)
         except Exception as exc:
@@ -184,7 +215,7 @@ class Meter:
         try:
             for request_id, payload in batch:
                 try:
-                    write_usage(self._factory, entry_from_json(payload))
+                    self._sink.write([payload])
                 except (ValueError, TypeError, KeyError):
                     log.exception("usage entry refused as invalid, dropped: %s", payload)
                 done.append(request_id)
@@ -199,6 +230,11 @@ class Meter:
             log.warning("ledger unavailable (%s); usage waits in the outbox", exc)
         self._metrics.ledger_failures.inc()
         self._db_down_until = self._clock() + self._retry_s
+
+    async def close(self) -> None:
+        """Stop the sink (a writer process) once the last drain is done."""
+        async with self._drain_lock:
+            await anyio.to_thread.run_sync(self._sink.close)
 
     async def run_drainer(self) -> None:
         """Drain ``batch_delay_s`` after a new entry (one transaction for all that arrived

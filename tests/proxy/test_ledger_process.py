@@ -1,0 +1,153 @@
+"""The ledger writer process: batches leave the outbox only once the child committed
+them; a child that dies or a database that fails keeps them; never a row twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.db import make_engine, session_factory
+from billing.ledger import LedgerEntry
+from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
+from proxy.ledger_process import LedgerProcessError, ProcessLedgerSink, shareable_url
+from proxy.metering import Meter, entry_to_json
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import Outbox
+from tests.proxy.helpers import Tenants, ledger_rows
+
+
+def _entry(tenants: Tenants, **changes: object) -> LedgerEntry:
+    fields: dict[str, object] = dict(
+        request_id=str(uuid.uuid4()), tenant_id=TenantId(tenants.tenant_a),
+        api_key_id=ApiKeyId(tenants.key_a_id), model="test-model", served_by=ServedBy.ENGINE,
+        status=RequestStatus.OK, prompt_tokens=10, cached_tokens=4, completion_tokens=3,
+        similarity=None, worker="w", created_at=datetime.now(UTC), latency_ms=1.5, ttft_ms=0.5,
+    )
+    fields.update(changes)
+    return LedgerEntry(**fields)  # type: ignore[arg-type]
+
+
+def _sink(db: sessionmaker[Session]) -> ProcessLedgerSink:
+    url = shareable_url(db)
+    assert url is not None
+    return ProcessLedgerSink(url)
+
+
+def test_shareable_url_only_for_databases_another_process_can_open(tmp_path: Path) -> None:
+    memory = session_factory(make_engine("sqlite://"))
+    assert shareable_url(memory) is None
+    assert shareable_url(sessionmaker()) is None
+    on_disk = session_factory(make_engine(f"sqlite:///{tmp_path}/x.db"))
+    assert shareable_url(on_disk) == f"sqlite:///{tmp_path}/x.db"
+
+
+def test_rows_are_written_by_another_process_exactly_once(
+    tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    sink = _sink(db)
+    entries = [_entry(tenants) for _ in range(5)]
+
+    async def scenario() -> None:
+        meter = Meter(db, Outbox.in_dir(tmp_path), ProxyMetrics.create(), sink=sink)
+        for entry in entries:
+            await meter.record(entry)
+        assert await meter.drain() == 5
+        assert sink.pid is not None and sink.pid != os.getpid()
+        await meter.record(entries[0])  # a retry of a recorded request: no second row
+        assert await meter.drain() == 1
+        await meter.close()
+        assert sink.pid is None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sink.close()
+    rows = ledger_rows(db)
+    assert sorted(r.request_id for r in rows) == sorted(e.request_id for e in entries)
+
+
+def test_invalid_entry_is_isolated_by_the_child(
+    tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    sink = _sink(db)
+    good, bad = _entry(tenants), _entry(tenants, cached_tokens=50)  # cached > prompt
+    try:
+        with pytest.raises(ValueError):
+            sink.write([entry_to_json(bad)])
+
+        async def scenario() -> None:
+            meter = Meter(db, Outbox.in_dir(tmp_path), ProxyMetrics.create(), sink=sink)
+            await meter.record(bad)
+            await meter.record(good)
+            assert await meter.drain() == 2  # both left the outbox; only one row
+
+        asyncio.run(scenario())
+    finally:
+        sink.close()
+    assert [r.request_id for r in ledger_rows(db)] == [good.request_id]
+
+
+def test_a_killed_child_is_replaced_and_nothing_is_written_twice(
+    tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    sink = _sink(db)
+    metrics = ProxyMetrics.create()
+    first, later = _entry(tenants), [_entry(tenants) for _ in range(3)]
+
+    async def scenario() -> None:
+        meter = Meter(db, Outbox.in_dir(tmp_path), metrics, sink=sink, retry_interval_s=0.0)
+        await meter.record(first)
+        assert await meter.drain() == 1
+        pid = sink.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        while sink.pid is not None:  # until the sink sees it gone
+            await asyncio.sleep(0.01)
+        for entry in later:
+            await meter.record(entry)
+        assert await meter.drain() == 3  # a fresh child is started for the trip
+        assert sink.pid not in (None, pid)
+        assert metrics.registry.get_sample_value("kvtoll_outbox_depth") == 0.0
+        await meter.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sink.close()
+    rows = ledger_rows(db)
+    assert sorted(r.request_id for r in rows) == sorted(e.request_id for e in [first, *later])
+
+
+def test_database_failure_in_the_child_keeps_entries(
+    tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    broken = ProcessLedgerSink(f"sqlite:///{tmp_path}/missing/dir/x.db")
+    metrics = ProxyMetrics.create()
+    entries = [_entry(tenants) for _ in range(3)]
+    try:
+        with pytest.raises(LedgerProcessError):
+            broken.write([entry_to_json(entries[0])])
+
+        async def scenario() -> None:
+            down = Meter(db, Outbox.in_dir(tmp_path / "box"), metrics, sink=broken,
+                         retry_interval_s=0.0)
+            for entry in entries:
+                await down.record(entry)
+            assert await down.drain() == 0
+            assert metrics.registry.get_sample_value("kvtoll_outbox_depth") == 3.0
+            await down.close()
+            up = Meter(db, Outbox.in_dir(tmp_path / "box"), metrics, sink=_sink(db))
+            assert await up.drain() == 3
+            await up.close()
+
+        asyncio.run(scenario())
+    finally:
+        broken.close()
+    assert len(ledger_rows(db)) == 3
