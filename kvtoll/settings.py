@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -49,6 +50,14 @@ class Settings(BaseSettings):
     cuda_graphs: bool = False  # decode steps as CUDA graphs (engine.decode_graphs)
     gpu_memory_utilization: float = 0.9  # on a GPU: its share for the engine (engine.gpu_memory)
     log_level: str = "info"
+    # gateway: where the usage outbox is drained to the ledger: "process" (a writer
+    # process of its own, off the serving process's GIL) or "thread" (in-process)
+    ledger_writer: Literal["process", "thread"] = "process"
+    # gateway: per-key rate limits for keys without their own (token buckets holding
+    # rate_limit_burst_s seconds of the rate; proxy.ratelimit)
+    rate_limit_requests_per_minute: int = Field(default=6000, ge=1)
+    rate_limit_tokens_per_minute: int = Field(default=1_000_000, ge=1)
+    rate_limit_burst_s: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:

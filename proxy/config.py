@@ -7,9 +7,10 @@ setup; tests and deployments pass their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from billing.keys import REVOCATION_BOUND_S
+from kvtoll.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -27,13 +28,16 @@ class AdmissionLimits:
 class RateLimitDefaults:
     """Per-key limits when the key row has none (``NULL`` in ``api_keys``).
 
+    ``burst_s``: each key's token buckets hold this many seconds of its rate (an idle
+    key may send ``ceil(limit * burst_s / 60)`` at once; :mod:`proxy.ratelimit`).
     ``fallback_divisor``: while Redis is unreachable each replica enforces
     ``limit // fallback_divisor`` (at least 1) locally, so N replicas together stay
     near the shared limit; ``redis_retry_s`` is how long before Redis is tried again.
     """
 
-    requests_per_minute: int = 600
+    requests_per_minute: int = 6000
     tokens_per_minute: int = 1_000_000
+    burst_s: float = 10.0
     fallback_divisor: int = 4
     redis_retry_s: float = 5.0
 
@@ -55,3 +59,14 @@ class ProxyConfig:
     # Semantic-cache stores run after the response; past this many still waiting (misses
     # arriving faster than they can be embedded) further answers are not stored.
     max_pending_cache_stores: int = 256
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ProxyConfig:
+        """The defaults, with the rate limits the settings (``KVTOLL_RATE_LIMIT_*``) give."""
+        defaults = cls()
+        return replace(defaults, rate_limits=replace(
+            defaults.rate_limits,
+            requests_per_minute=settings.rate_limit_requests_per_minute,
+            tokens_per_minute=settings.rate_limit_tokens_per_minute,
+            burst_s=settings.rate_limit_burst_s,
+        ))

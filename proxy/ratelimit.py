@@ -1,15 +1,29 @@
-"""Per-key rate limits: requests per minute and tokens per minute.
+"""Per-key rate limits: requests per minute and tokens per minute, as token buckets.
 
-Algorithm: fixed one-minute windows aligned to the epoch minute. A request is
-admitted when ``requests + 1 <= rpm`` and ``tokens + cost <= tpm`` for the current
-window, where ``cost`` is the prompt tokens plus the ``max_tokens`` asked for (the
-most the request can generate; charged up front, never refunded). A single request
-costing more than the whole ``tpm`` passes only as the first of an empty window, so
-it is slowed down rather than refused forever. A refusal carries ``retry_after_s`` =
-seconds until the window ends (at least 1).
+Algorithm: two token buckets per key, one counting requests and one counting tokens,
+in the GCRA formulation (one number per bucket: the "theoretical arrival time"
+``tat``, when the bucket would be full again). For a limit of ``L`` per minute and
+``burst_s`` seconds of burst:
+
+    rate      = L / 60 units per second (refill)
+    capacity  = max(1, ceil(L * burst_s / 60)) units (what a full bucket holds)
+    a request of cost c at time now:   base = max(tat, now);  new = base + c / rate
+        admitted iff  new - now <= capacity / rate   (then tat = new)
+        or, on the tokens bucket only, iff base <= now (the bucket is full: a request
+        costing more than the whole capacity is slowed down, never refused forever)
+
+A request costs 1 on the requests bucket and ``prompt tokens + max_tokens`` (the most it
+can generate, charged up front, never refunded) on the tokens bucket; it is admitted
+only if both buckets admit it, and then both are charged. A key that has been idle
+may send ``capacity`` requests at once, then ``rate`` per second; over any 60 s it
+gets at most ``L * (1 + burst_s / 60)`` (no 2x at a window edge, as fixed windows
+allowed). A refusal carries ``retry_after_s`` = seconds until the request would be
+admitted (at least 1). ``burst_s`` comes from :class:`proxy.config.RateLimitDefaults`
+(``KVTOLL_RATE_LIMIT_BURST_S``, default 10 s).
 
 Backends: :class:`LocalRateLimiter` (in-process, one replica) and
-:class:`RedisRateLimiter` (one atomic Lua script per check, shared by every replica).
+:class:`RedisRateLimiter` (one atomic Lua script per check, one round trip, shared by
+every replica; the clock is Redis's own ``TIME``, so replicas' clocks need not agree).
 If Redis fails, the Redis limiter keeps serving with a local limiter that enforces
 ``limit // fallback_divisor`` and sets the ``kvtoll_ratelimit_fallback`` gauge to 1
 until Redis answers again (tried every ``redis_retry_s``).
@@ -28,7 +42,7 @@ from proxy.config import RateLimitDefaults
 from proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
-WINDOW_S = 60
+MINUTE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -52,54 +66,109 @@ class RateLimiter(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _window(now: float) -> tuple[int, int]:
-    """Current window number and seconds until it ends (at least 1)."""
-    window = int(now // WINDOW_S)
-    return window, max(1, math.ceil((window + 1) * WINDOW_S - now))
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket's parameters: seconds per unit and the burst tolerance in seconds
+    (capacity x seconds per unit)."""
+
+    interval_s: float
+    tolerance_s: float
+
+    @classmethod
+    def of(cls, per_minute: int, burst_s: float) -> Bucket:
+        per_minute = max(1, per_minute)
+        interval = MINUTE_S / per_minute
+        capacity = max(1, math.ceil(per_minute * burst_s / MINUTE_S))
+        return cls(interval, capacity * interval)
 
 
-def _verdict(used_requests: int, used_tokens: int, limits: KeyLimits, cost: int) -> str | None:
-    if used_requests + 1 > limits.requests_per_minute:
-        return "requests"
-    if used_tokens > 0 and used_tokens + cost > limits.tokens_per_minute:
-        return "tokens"
-    return None
+def gcra(tat: float, now: float, bucket: Bucket, cost: int,
+         oversized_when_full: bool) -> tuple[float, float]:
+    """``(new_tat, wait_s)``: the bucket's next theoretical arrival time if the request is
+    admitted, and 0 if it is, else the seconds until it would be."""
+    base = max(tat, now)
+    new = base + cost * bucket.interval_s
+    over = new - now - bucket.tolerance_s
+    if over <= 1e-9 or (oversized_when_full and base <= now):
+        return new, 0.0
+    return new, min(over, base - now) if oversized_when_full else over
+
+
+class BucketPairs:
+    """The (requests, tokens) buckets of each distinct :class:`KeyLimits`, built once."""
+
+    def __init__(self, burst_s: float) -> None:
+        self._burst_s = burst_s
+        self._pairs: dict[KeyLimits, tuple[Bucket, Bucket]] = {}
+
+    def of(self, limits: KeyLimits) -> tuple[Bucket, Bucket]:
+        pair = self._pairs.get(limits)
+        if pair is None:
+            if len(self._pairs) > 4096:  # many distinct per-key limits: start over
+                self._pairs.clear()
+            pair = self._pairs[limits] = (
+                Bucket.of(limits.requests_per_minute, self._burst_s),
+                Bucket.of(limits.tokens_per_minute, self._burst_s))
+        return pair
+
+
+def _retry(wait_s: float) -> int:
+    return max(1, math.ceil(wait_s))
 
 
 class LocalRateLimiter:
-    """In-process fixed-window counters, one entry per key."""
+    """In-process token buckets, one pair per key."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 burst_s: float = RateLimitDefaults.burst_s) -> None:
         self._clock = clock
-        self._counts: dict[str, tuple[int, int, int]] = {}  # key -> (window, requests, tokens)
+        self._buckets = BucketPairs(burst_s)
+        self._tats: dict[str, tuple[float, float]] = {}  # key -> (requests tat, tokens tat)
 
     async def check(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
         """See :class:`RateLimiter`."""
-        window, retry = _window(self._clock())
-        current, requests, tokens = self._counts.get(key_id, (window, 0, 0))
-        if current != window:
-            requests, tokens = 0, 0
-        refused = _verdict(requests, tokens, limits, cost_tokens)
-        if refused:
-            return RateDecision(False, retry, refused)
-        self._counts[key_id] = (window, requests + 1, tokens + cost_tokens)
+        return self.check_now(key_id, limits, cost_tokens)
+
+    def check_now(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
+        """:meth:`check` without a coroutine (it never waits)."""
+        now = self._clock()
+        requests, tokens = self._buckets.of(limits)
+        tat_r, tat_t = self._tats.get(key_id, (now, now))
+        new_r, wait_r = gcra(tat_r, now, requests, 1, False)
+        if wait_r:
+            return RateDecision(False, _retry(wait_r), "requests")
+        new_t, wait_t = gcra(tat_t, now, tokens, cost_tokens, True)
+        if wait_t:
+            return RateDecision(False, _retry(wait_t), "tokens")
+        self._tats[key_id] = (new_r, new_t)
+        if len(self._tats) > 100_000:  # forget keys whose buckets are full again
+            self._tats = {k: v for k, v in self._tats.items() if max(v) > now}
         return RateDecision(True)
 
     async def aclose(self) -> None:
-        self._counts.clear()
+        self._tats.clear()
 
 
+# KEYS[1]: the key's hash {r: requests tat, t: tokens tat} in ms of Redis's clock.
+# ARGV: requests interval ms, requests tolerance ms, tokens interval ms, tokens
+# tolerance ms, cost in tokens. Returns {0 | 1 (requests) | 2 (tokens), wait ms}.
 _LUA = """
-local r = tonumber(redis.call('GET', KEYS[1]) or '0')
-local t = tonumber(redis.call('GET', KEYS[2]) or '0')
-local cost = tonumber(ARGV[3])
-if r + 1 > tonumber(ARGV[1]) then return 1 end
-if t > 0 and t + cost > tonumber(ARGV[2]) then return 2 end
-redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('INCRBY', KEYS[2], cost)
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-return 0
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+local v = redis.call('HMGET', KEYS[1], 'r', 't')
+local base_r = math.max(tonumber(v[1]) or now, now)
+local new_r = base_r + tonumber(ARGV[1])
+local over_r = new_r - now - tonumber(ARGV[2])
+if over_r > 0.000001 then return {1, math.ceil(over_r)} end
+local base_t = math.max(tonumber(v[2]) or now, now)
+local new_t = base_t + tonumber(ARGV[5]) * tonumber(ARGV[3])
+local over_t = new_t - now - tonumber(ARGV[4])
+if over_t > 0.000001 and base_t > now then
+  return {2, math.ceil(math.min(over_t, base_t - now))}
+end
+redis.call('HSET', KEYS[1], 'r', string.format('%.3f', new_r), 't', string.format('%.3f', new_t))
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(new_r, new_t) - now) + 1000)
+return {0, 0}
 """
 _REFUSALS = {1: "requests", 2: "tokens"}
 
@@ -122,8 +191,9 @@ class RedisRateLimiter:
         self._metrics = metrics
         self._prefix = prefix
         self._clock = clock
-        self._fallback = LocalRateLimiter(clock)
+        self._fallback = LocalRateLimiter(clock, burst_s=defaults.burst_s)
         self._retry_at = 0.0
+        self._buckets = BucketPairs(defaults.burst_s)
 
     @classmethod
     def from_url(
@@ -146,11 +216,12 @@ class RedisRateLimiter:
         now = self._clock()
         if self._retry_at and now < self._retry_at:
             return await self._local(key_id, limits, cost_tokens)
-        window, retry = _window(now)
-        keys = [f"{self._prefix}{{{key_id}}}:{window}:r", f"{self._prefix}{{{key_id}}}:{window}:t"]
-        args = [limits.requests_per_minute, limits.tokens_per_minute, cost_tokens, WINDOW_S + 5]
+        requests, tokens = self._buckets.of(limits)
+        keys = [f"{self._prefix}{{{key_id}}}:b"]
+        args = [requests.interval_s * 1000, requests.tolerance_s * 1000,
+                tokens.interval_s * 1000, tokens.tolerance_s * 1000, cost_tokens]
         try:
-            code = int(await self._script(keys=keys, args=args))
+            code, wait_ms = (int(x) for x in await self._script(keys=keys, args=args))
         except Exception as exc:  # any Redis/network failure: degrade, never fail the request
             log.warning("rate limiter: Redis unavailable (%s); local fallback limits", exc)
             self._retry_at = now + self._defaults.redis_retry_s
@@ -161,7 +232,7 @@ class RedisRateLimiter:
             self._retry_at = 0.0
             self._metrics.ratelimit_fallback.set(0)
         if code:
-            return RateDecision(False, retry, _REFUSALS[code])
+            return RateDecision(False, _retry(wait_ms / 1000), _REFUSALS[code])
         return RateDecision(True)
 
     async def _local(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
@@ -169,7 +240,7 @@ class RedisRateLimiter:
         reduced = KeyLimits(
             max(1, limits.requests_per_minute // div), max(1, limits.tokens_per_minute // div)
         )
-        return await self._fallback.check(key_id, reduced, cost_tokens)
+        return self._fallback.check_now(key_id, reduced, cost_tokens)
 
     async def aclose(self) -> None:
         await self._client.aclose()

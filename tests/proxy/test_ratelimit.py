@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import httpx
 import pytest
@@ -31,37 +32,44 @@ def _run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def test_local_requests_per_minute_and_window_reset() -> None:
+def test_local_requests_bucket_bursts_then_refills() -> None:
     clock = Clock(120.0)
-    limiter = LocalRateLimiter(clock)
-    limits = KeyLimits(requests_per_minute=3, tokens_per_minute=10_000)
+    limiter = LocalRateLimiter(clock, burst_s=10.0)
+    limits = KeyLimits(requests_per_minute=60, tokens_per_minute=1_000_000)  # 1/s, burst 10
 
     async def scenario() -> None:
-        for _ in range(3):
+        for _ in range(10):
             assert (await limiter.check("k", limits, 10)).allowed
         refused = await limiter.check("k", limits, 10)
-        assert (refused.allowed, refused.limit, refused.retry_after_s) == (False, "requests", 60)
+        assert (refused.allowed, refused.limit, refused.retry_after_s) == (False, "requests", 1)
         assert (await limiter.check("other", limits, 10)).allowed  # per key
-        clock.now = 150.5
-        assert (await limiter.check("k", limits, 10)).retry_after_s == 30
-        clock.now = 180.0  # next window
+        clock.now += 1.0  # one request's worth refilled
         assert (await limiter.check("k", limits, 10)).allowed
+        assert not (await limiter.check("k", limits, 10)).allowed
+        clock.now += 600.0  # long idle: the bucket holds its capacity, no more
+        assert [(await limiter.check("k", limits, 10)).allowed for _ in range(11)] == (
+            [True] * 10 + [False])
 
     _run(scenario())
 
 
-def test_local_tokens_per_minute() -> None:
-    limiter = LocalRateLimiter(Clock())
-    limits = KeyLimits(requests_per_minute=100, tokens_per_minute=100)
+def test_local_tokens_bucket_and_oversized_request() -> None:
+    clock = Clock()
+    limiter = LocalRateLimiter(clock, burst_s=10.0)
+    limits = KeyLimits(requests_per_minute=6000, tokens_per_minute=600)  # 10/s, holds 100
 
     async def scenario() -> None:
         assert (await limiter.check("k", limits, 60)).allowed
         refused = await limiter.check("k", limits, 50)
-        assert (refused.allowed, refused.limit) == (False, "tokens")
+        assert (refused.allowed, refused.limit, refused.retry_after_s) == (False, "tokens", 1)
         assert (await limiter.check("k", limits, 40)).allowed
-        # one request bigger than the whole budget passes only in an empty window
+        # one request bigger than the whole bucket passes only when the bucket is full,
+        # and leaves the bucket in debt: 400 tokens over, 40 s at 10/s (+ 0.1 s for this one)
         assert (await limiter.check("big", limits, 500)).allowed
-        assert not (await limiter.check("big", limits, 1)).allowed
+        refused = await limiter.check("big", limits, 1)
+        assert (refused.allowed, refused.retry_after_s) == (False, 41)
+        clock.now += 41.0
+        assert (await limiter.check("big", limits, 1)).allowed
 
     _run(scenario())
 
@@ -72,14 +80,15 @@ def test_redis_limits_are_shared_between_replicas(redis_url: str, redis_prefix: 
 
     async def scenario() -> None:
         replicas = [
-            RedisRateLimiter.from_url(redis_url, RateLimitDefaults(), ProxyMetrics.create(),
-                                      prefix=redis_prefix)
+            RedisRateLimiter.from_url(redis_url, RateLimitDefaults(burst_s=60.0),
+                                      ProxyMetrics.create(), prefix=redis_prefix)
             for _ in range(2)
         ]
         try:
             results = [await replicas[i % 2].check("k", limits, 1) for i in range(6)]
             assert [r.allowed for r in results] == [True] * 4 + [False] * 2
-            assert results[-1].limit == "requests" and 1 <= results[-1].retry_after_s <= 60
+            # a bucket of 4, refilled one request every 15 s
+            assert results[-1].limit == "requests" and 1 <= results[-1].retry_after_s <= 15
             assert not replicas[0].in_fallback
         finally:
             for replica in replicas:
@@ -90,7 +99,7 @@ def test_redis_limits_are_shared_between_replicas(redis_url: str, redis_prefix: 
 
 def test_redis_down_falls_back_to_conservative_local_limit() -> None:
     metrics = ProxyMetrics.create()
-    defaults = RateLimitDefaults(fallback_divisor=4)
+    defaults = RateLimitDefaults(fallback_divisor=4, burst_s=60.0)
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     limits = KeyLimits(requests_per_minute=8, tokens_per_minute=10_000)
 
@@ -100,7 +109,7 @@ def test_redis_down_falls_back_to_conservative_local_limit() -> None:
             allowed = [(await limiter.check("k", limits, 1)).allowed for _ in range(4)]
         finally:
             await limiter.aclose()
-        assert allowed == [True, True, False, False]  # 8 // 4 = 2 per minute locally
+        assert allowed == [True, True, False, False]  # 8 // 4 = 2 per minute (and burst) locally
         assert limiter.in_fallback
 
     _run(scenario())
@@ -118,13 +127,14 @@ def _hammer(url: str, key: str, count: int) -> list[httpx.Response]:
 def _check_429(responses: list[httpx.Response]) -> None:
     assert [r.status_code for r in responses] == [200, 200, 429]
     refused = responses[-1]
-    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert 1 <= int(refused.headers["retry-after"]) <= 30  # 2 per minute: one every 30 s
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
 
 
 def test_http_429_in_process(settings: Settings, db: sessionmaker[Session]) -> None:
     tenants = seed(db, rpm=2)
-    with LiveServer(build_app(settings, db, upstreams=[ScriptedUpstream()])) as server:
+    burst = settings.model_copy(update={"rate_limit_burst_s": 60.0})  # a bucket of 2
+    with LiveServer(build_app(burst, db, upstreams=[ScriptedUpstream()])) as server:
         _check_429(_hammer(server.url, tenants.key_a, 3))
         assert _hammer(server.url, tenants.key_b, 1)[0].status_code == 200
 
@@ -134,7 +144,7 @@ def test_http_429_with_redis(
     settings: Settings, db: sessionmaker[Session], redis_url: str, redis_prefix: str
 ) -> None:
     tenants = seed(db, rpm=2)
-    shared = settings.model_copy(update={"redis_url": redis_url})
+    shared = settings.model_copy(update={"redis_url": redis_url, "rate_limit_burst_s": 60.0})
     apps = [build_app(shared, db, upstreams=[ScriptedUpstream()], ratelimit_prefix=redis_prefix)
             for _ in range(2)]
     with LiveServer(apps[0]) as one, LiveServer(apps[1]) as two:
@@ -149,30 +159,39 @@ def test_http_429_with_redis(
     ),
     rpm=st.integers(1, 6),
     tpm=st.integers(50, 300),
+    burst_s=st.sampled_from([1.0, 10.0, 60.0]),
 )
-@hypothesis_settings(max_examples=60, deadline=None)
-def test_local_limits_hold_in_every_window(
-    steps: list[tuple[str, int, float]], rpm: int, tpm: int
+@hypothesis_settings(max_examples=80, deadline=None)
+def test_local_limits_hold_over_every_interval(
+    steps: list[tuple[str, int, float]], rpm: int, tpm: int, burst_s: float
 ) -> None:
-    """Per key and window: admitted requests <= rpm; admitted tokens <= tpm, except
-    that a single request bigger than tpm may be the first of an empty window."""
+    """Per key, over the admitted requests i..j (times t_i <= t_j): their number is at
+    most capacity + (t_j - t_i) * rate; their tokens too, except that the last may be
+    one request bigger than the whole bucket, which needs the rest to fit in the
+    refill alone. A refusal says which limit and when to retry."""
     clock = Clock(0.0)
-    limiter = LocalRateLimiter(clock)
+    limiter = LocalRateLimiter(clock, burst_s=burst_s)
     limits = KeyLimits(requests_per_minute=rpm, tokens_per_minute=tpm)
-    admitted: dict[tuple[str, int], list[int]] = {}
+    admitted: dict[str, list[tuple[float, int]]] = {}
 
     async def scenario() -> None:
         for key, cost, advance in steps:
             clock.now += advance
             decision = await limiter.check(key, limits, cost)
-            window = int(clock.now // 60)
             if decision.allowed:
-                admitted.setdefault((key, window), []).append(cost)
+                admitted.setdefault(key, []).append((clock.now, cost))
             else:
-                assert 1 <= decision.retry_after_s <= 60
+                assert 1 <= decision.retry_after_s <= 60 * max(cost, 1)
                 assert decision.limit in ("requests", "tokens")
 
     _run(scenario())
-    for costs in admitted.values():
-        assert len(costs) <= rpm
-        assert sum(costs) <= tpm or (len(costs) == 1 and costs[0] > tpm)
+    cap_r, cap_t = math.ceil(rpm * burst_s / 60), math.ceil(tpm * burst_s / 60)
+    for seq in admitted.values():
+        for i in range(len(seq)):
+            for j in range(i, len(seq)):
+                span = seq[j][0] - seq[i][0]
+                assert j - i + 1 <= cap_r + span * rpm / 60 + 1e-6
+                tokens = sum(cost for _, cost in seq[i:j + 1])
+                last = seq[j][1]
+                bound = span * tpm / 60 + (last if last > cap_t else cap_t)
+                assert tokens <= bound + 1e-6
