@@ -23,10 +23,10 @@ import anyio
 from billing.accounts import KeyIdentity
 from kvtoll.openai.errors import INVALID_REQUEST, OpenAIError, decode_json_body
 from kvtoll.openai.protocol import (
+    SALT_FIELDS,
     ChatCompletionRequest,
     OpenAIRequest,
     parse_request,
-    strip_client_salt,
 )
 from proxy.admission import Admitted, admit
 from proxy.auth import KeyAuthenticator
@@ -41,6 +41,16 @@ Kind = Literal["chat", "completion"]
 
 # What admission settles in the parsed request: no client salt, one max_tokens.
 _ADMITTED_FIELDS: dict[str, Any] = {"cache_salt": None, "max_completion_tokens": None}
+
+
+def _admitted_request(request: OpenAIRequest, max_tokens: int) -> OpenAIRequest:
+    """``request`` with admission's fields settled; a copy only when one of them changes
+    (most requests already carry their admitted ``max_tokens`` and nothing else)."""
+    changes = {name: value for name, value in _ADMITTED_FIELDS.items()
+               if getattr(request, name, None) != value}
+    if request.max_tokens != max_tokens:
+        changes["max_tokens"] = max_tokens
+    return request.model_copy(update=changes) if changes else request
 
 
 @dataclass(frozen=True)
@@ -193,11 +203,12 @@ class Intake:
         budget = None if self._budgets is None else await self._budgets.hold(
             identity, request.model, admitted.prompt_tokens, admitted.max_tokens * admitted.n,
             request_id, arrived_at)
-        body = strip_client_salt(data)
+        body = data  # parsed above for this request alone: settled in place, not copied
+        for name in SALT_FIELDS:
+            body.pop(name, None)
         body.pop("max_completion_tokens", None)
         body["max_tokens"] = admitted.max_tokens
-        admitted_fields = {**_ADMITTED_FIELDS, "max_tokens": admitted.max_tokens}
-        normalized = request.model_copy(update=admitted_fields)
+        normalized = _admitted_request(request, admitted.max_tokens)
         no_cache, no_store = cache_directives(cache_control)
         return Prepared(
             request_id=request_id, kind=kind, identity=identity, request=normalized,
