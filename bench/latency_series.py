@@ -1,0 +1,121 @@
+"""What ``proxy_overhead.py`` measures beyond medians: per-request latencies under a closed
+loop, tail percentiles, whether a gateway's extra latency comes in a periodic spike
+train, and the plot of added latency over request index.
+
+Closed loop: ``concurrency`` workers, each on one keep-alive connection (the lean
+client of ``semantic_load.py``), for ``seconds``; every response's latency and its
+``x-kvtoll-request-id`` (to check the ledger against what was answered) are kept.
+
+Periodicity: the requests whose added latency exceeds ``spike_ms`` are "spikes"; for
+each trial period P in ``periods_s`` the Rayleigh statistic z = n * |mean(exp(2 pi i t / P))|^2
+of the spikes' arrival times t tells whether they cluster at one phase of P (a train
+with period P gives z ~ n, random spikes z ~ 1; P(z > x) ~ exp(-x) for random ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.semantic_load import encode_post, read_response
+
+
+@dataclass
+class LoopResult:
+    latencies_ms: list[float] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    errors: int = 0
+    elapsed_s: float = 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def tail(values: list[float]) -> dict[str, float]:
+    """p50, p99 and p99.9 of ``values`` (milliseconds), rounded."""
+    return {name: round(percentile(values, q), 3)
+            for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99), ("p999_ms", 0.999))}
+
+
+async def closed_loop(url: str, headers: dict[str, str], body: dict[str, Any],
+                      concurrency: int, seconds: float) -> LoopResult:
+    """See the module doc."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    request = encode_post(f"{host}:{port}", "/v1/chat/completions", headers, body)
+    result = LoopResult()
+    stop_at = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                writer.write(request)
+                status, response_headers, payload = await read_response(reader)
+                elapsed = (time.perf_counter() - t0) * 1000
+                if status != 200 or not payload.startswith(b"{"):
+                    result.errors += 1
+                    continue
+                result.latencies_ms.append(elapsed)
+                request_id = response_headers.get("x-kvtoll-request-id")
+                if request_id:
+                    result.request_ids.append(request_id)
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+def rayleigh_z(times_s: list[float], period_s: float) -> float:
+    """n * |mean(exp(2 pi i t / period))|^2 over ``times_s`` (0 for none)."""
+    if not times_s:
+        return 0.0
+    c = sum(math.cos(2 * math.pi * t / period_s) for t in times_s)
+    s = sum(math.sin(2 * math.pi * t / period_s) for t in times_s)
+    return (c * c + s * s) / len(times_s)
+
+
+def periodicity(times_s: list[float], added_ms: list[float], spike_ms: float,
+                periods_s: list[float]) -> dict[str, Any]:
+    """Spikes (added > ``spike_ms``) and the trial period whose Rayleigh z is highest."""
+    spikes = [t for t, a in zip(times_s, added_ms, strict=True) if a > spike_ms]
+    best = max(periods_s, key=lambda p: rayleigh_z(spikes, p))
+    z = rayleigh_z(spikes, best)
+    return {"spike_ms": spike_ms, "num_spikes": len(spikes),
+            "spike_fraction": round(len(spikes) / max(1, len(added_ms)), 4),
+            "strongest_period_s": round(best, 3), "rayleigh_z": round(z, 2),
+            # chance that random spikes cluster as much at the best of these periods
+            "p_value_upper_bound": round(min(1.0, len(periods_s) * math.exp(-z)), 4)}
+
+
+def plot_added(series: dict[str, list[float]], path: Path, title: str) -> None:
+    """One panel per series: added latency (ms) over request index."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(series), 1, figsize=(11, 2.4 * len(series)), sharex=True,
+                             squeeze=False)
+    for ax, (name, added) in zip(axes[:, 0], series.items(), strict=True):
+        ax.plot(range(len(added)), added, linewidth=0.5)
+        ax.set_ylabel("added ms")
+        ax.set_title(f"{name}: p50 {percentile(added, 0.5):.2f} ms, "
+                     f"p99 {percentile(added, 0.99):.2f} ms", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("request index (sequential client)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
