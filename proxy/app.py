@@ -42,7 +42,7 @@ from proxy.http import ops as ops_routes
 from proxy.http.completions import CompletionEndpoints, GatewayApp
 from proxy.intake import Intake, RateLimited
 from proxy.ledger_process import ProcessLedgerSink, shareable_url
-from proxy.metering import LedgerSink, Meter
+from proxy.metering import InProcessLedgerSink, LedgerSink, Meter
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.pool import UpstreamPool
@@ -189,7 +189,7 @@ def _ledger_sink(settings: Settings, factory: sessionmaker[Session]) -> LedgerSi
     """The writer process (``KVTOLL_LEDGER_WRITER=process``, when another process can open
     the database), else None: the drainer's thread writes."""
     url = shareable_url(factory) if settings.ledger_writer == "process" else None
-    return None if url is None else ProcessLedgerSink(url)
+    return None if url is None else ProcessLedgerSink(url, InProcessLedgerSink(factory))
 
 
 def _build_state(

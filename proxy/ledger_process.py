@@ -20,7 +20,9 @@ outbox stays the only durable state and the gateway its only owner: records leav
 only after the child answered ``ok``, so a child that dies mid-batch (its answer never
 comes: :class:`LedgerProcessError`, the batch stays in the outbox, a new child is
 started for the next trip) at worst repeats a committed batch, which the ledger's
-unique request id turns into a no-op. The child exits when its stdin closes (the
+unique request id turns into a no-op. After ``MAX_DEATHS`` children in a row died
+without answering (one cannot even start here), the batches go to the ``fallback`` sink
+(the in-process writer) instead. The child exits when its stdin closes (the
 gateway stopped or died); it runs in a session of its own so that a Ctrl-C meant for
 the gateway does not kill it before the gateway's final drain.
 """
@@ -36,12 +38,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.metering import LedgerSink
 
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 NICE_INCREMENT = 5  # the ledger may trail by a little; requests may not
-START_TIMEOUT_S = 60.0
+MAX_DEATHS = 3  # children dying in a row before the fallback sink takes over
 
 
 class LedgerProcessError(RuntimeError):
@@ -85,10 +90,12 @@ class ProcessLedgerSink:
     """:class:`proxy.metering.LedgerSink` that writes through a child process (see the
     module doc). Thread-safe; one batch in flight at a time."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, fallback: LedgerSink | None = None) -> None:
         self._url = database_url
+        self._fallback = fallback
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._num_deaths = 0  # children in a row that died without answering
 
     def open(self) -> None:
         """Start the child now (else it starts at the first write)."""
@@ -122,22 +129,34 @@ class ProcessLedgerSink:
         how many were new. Raises ``ValueError`` if the ledger refuses an entry as
         invalid, :class:`LedgerProcessError` if the database failed or the child died."""
         with self._lock:
+            if self._fallback is not None and self._num_deaths >= MAX_DEATHS:
+                return self._fallback.write(payloads)
             try:
                 proc = self._ensure_started()
                 assert proc.stdin is not None and proc.stdout is not None
                 _send(proc.stdin, payloads)
                 answer = _receive(proc.stdout)
             except OSError as exc:  # a broken pipe: the child is gone
-                self._stop_locked()
-                raise LedgerProcessError(f"ledger writer process failed: {exc}") from exc
+                answer, problem = None, f"ledger writer process failed: {exc}"
+            else:
+                problem = "ledger writer process exited"
             if answer is None:
-                self._stop_locked()
-                raise LedgerProcessError("ledger writer process exited")
+                self._died_locked()
+                raise LedgerProcessError(problem)
+            self._num_deaths = 0
         if "ok" in answer:
             return int(answer["ok"])
         if "invalid" in answer:
             raise ValueError(answer["invalid"])
         raise LedgerProcessError(answer.get("error", "ledger write failed"))
+
+    def _died_locked(self) -> None:
+        self._stop_locked()
+        self._num_deaths += 1
+        if self._num_deaths == MAX_DEATHS:
+            where = "in-process from now on" if self._fallback is not None else "retrying"
+            log.error("the ledger writer process died %d times in a row; writing %s",
+                      MAX_DEATHS, where)
 
     def _stop_locked(self, timeout_s: float = 5.0) -> None:
         proc, self._proc = self._proc, None

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.db import make_engine, session_factory
 from billing.ledger import LedgerEntry
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
+from proxy import ledger_process
 from proxy.ledger_process import LedgerProcessError, ProcessLedgerSink, shareable_url
-from proxy.metering import Meter, entry_to_json
+from proxy.metering import InProcessLedgerSink, Meter, entry_to_json
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from tests.proxy.helpers import Tenants, ledger_rows
@@ -151,3 +152,21 @@ def test_database_failure_in_the_child_keeps_entries(
     finally:
         broken.close()
     assert len(ledger_rows(db)) == 3
+
+
+def test_a_child_that_cannot_start_hands_over_to_the_fallback(
+    tmp_path: Path, db: sessionmaker[Session], tenants: Tenants,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = shareable_url(db)
+    assert url is not None
+    sink = ProcessLedgerSink(url, fallback=InProcessLedgerSink(db))
+    monkeypatch.setattr(ledger_process.sys, "executable", "/bin/false")  # dies at once
+    entry = _entry(tenants)
+    for _ in range(ledger_process.MAX_DEATHS):
+        with pytest.raises(LedgerProcessError):
+            sink.write([entry_to_json(entry)])
+    assert ledger_rows(db) == []
+    assert sink.write([entry_to_json(entry)]) == 1  # in-process now
+    assert [r.request_id for r in ledger_rows(db)] == [entry.request_id]
+    sink.close()
