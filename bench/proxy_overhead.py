@@ -208,6 +208,8 @@ def measure_latency(targets: list[Target], requests: int, warmup: int, answered:
                 (after - before) * 1000 / (requests + warmup), 3)
             added = [g - d for g, d in zip(times[name], times[direct.name], strict=True)]
             series.setdefault(name, []).extend(added)
+            for q, value in latency_series.tail(added).items():
+                out[f"{name}_paired_added_{q}"] = value  # percentiles of per-turn added
             out[f"{name}_periodicity"] = latency_series.periodicity(
                 times["t"], added, SPIKE_MS, PERIODS_S)
     out["load_average_1m"] = os.getloadavg()[0]
@@ -242,7 +244,7 @@ def ledger_ids(database_url: str) -> list[str]:
 
     engine = create_engine(database_url)
     with engine.connect() as conn:
-        ids = [str(r) for r in conn.execute(text("SELECT request_id FROM usage_ledger"))]
+        ids = [str(r) for r in conn.execute(text("SELECT request_id FROM usage_ledger")).scalars()]
     engine.dispose()
     return ids
 

@@ -1,0 +1,117 @@
+"""Where ``kvtoll serve --worker`` spends its time: py-spy samples of the gateway process
+(idle, then under a sequential client), as ``proxy_overhead.py`` starts it.
+
+    pip install py-spy    # into the venv; then
+    python bench/profile_gateway.py [--ledger-writer process|thread] [--requests 1500]
+
+Prints the top entries by own samples and by inclusive samples (share of all samples
+of the process, every thread) for the idle and the loaded window, and the added
+latency's p50/p99/p99.9 over the same requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from bench import latency_series
+from bench import proxy_overhead as po
+
+
+def top_entries(raw: Path, count: int) -> dict[str, Any]:
+    """py-spy's raw (collapsed) stacks → the top frames by own and inclusive samples."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, num = line.rpartition(" ")
+        if not num.isdigit():
+            continue
+        frames = stack.split(";")
+        total += int(num)
+        own[frames[-1]] += int(num)
+        for frame in set(frames):
+            inclusive[frame] += int(num)
+
+    def share(counter: collections.Counter[str]) -> list[str]:
+        return [f"{100 * n / total:.1f}% {frame}" for frame, n in counter.most_common(count)]
+
+    return {"samples": total, "own": share(own) if total else [],
+            "inclusive": share(inclusive) if total else []}
+
+
+def record(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([py_spy, "record", "-p", str(pid), "-d", str(int(seconds)),
+                             "-r", "200", "-f", "raw", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        raise SystemExit("error: py-spy is not installed (pip install py-spy)")
+    tmp = Path(tempfile.mkdtemp(prefix="kvtoll-profile-"))
+    database_url = f"sqlite:///{tmp / 'kvtoll.db'}"
+    key = po.seed_database(database_url)
+    up, gw = po.free_port(), po.free_port()
+    direct, gateway = f"http://127.0.0.1:{up}", f"http://127.0.0.1:{gw}"
+    procs = [po.spawn("--serve-upstream", "5", str(up))]
+    try:
+        po.wait_ready(direct, procs[0])
+        procs.append(po.spawn_gateway(direct, database_url, str(tmp / "data"), gw,
+                                      args.ledger_writer))
+        po.wait_ready(gateway, procs[1])
+        pid = procs[1].pid
+        record(py_spy, pid, args.idle_seconds, tmp / "idle.txt").wait()
+        spy = record(py_spy, pid, args.load_seconds, tmp / "load.txt")
+        headers = {"Authorization": f"Bearer {key}"}
+        added: list[float] = []
+        with httpx.Client(timeout=30) as client:
+            for _ in range(args.requests):
+                t0 = time.perf_counter()
+                client.post(direct + "/v1/chat/completions", json=po.BODY)
+                t1 = time.perf_counter()
+                response = client.post(gateway + "/v1/chat/completions", json=po.BODY,
+                                       headers=headers)
+                t2 = time.perf_counter()
+                if response.status_code != 200:
+                    raise RuntimeError(f"{response.status_code} {response.text}")
+                added.append(((t2 - t1) - (t1 - t0)) * 1000)
+        spy.wait()
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+    measured = added[args.warmup:]
+    return {"ledger_writer": args.ledger_writer, "requests": len(measured),
+            "added": latency_series.tail(measured),
+            "idle": top_entries(tmp / "idle.txt", args.top),
+            "load": top_entries(tmp / "load.txt", args.top)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ledger-writer", choices=["process", "thread"], default="process")
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--idle-seconds", type=float, default=4)
+    parser.add_argument("--load-seconds", type=float, default=12)
+    parser.add_argument("--top", type=int, default=15)
+    print(json.dumps(run(parser.parse_args()), indent=2))
+
+
+if __name__ == "__main__":
+    main()
