@@ -10,18 +10,21 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
 from billing.ledger import LedgerEntry
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
+from kvtoll.settings import Settings
 from proxy import ledger_process
 from proxy.ledger_process import LedgerProcessError, ProcessLedgerSink, shareable_url
 from proxy.metering import InProcessLedgerSink, Meter, entry_to_json
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
-from tests.proxy.helpers import Tenants, ledger_rows
+from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, ledger_rows, wait_until
+from tests.proxy.scripted import ScriptedUpstream
 
 
 def _entry(tenants: Tenants, **changes: object) -> LedgerEntry:
@@ -170,3 +173,30 @@ def test_a_child_that_cannot_start_hands_over_to_the_fallback(
     assert sink.write([entry_to_json(entry)]) == 1  # in-process now
     assert [r.request_id for r in ledger_rows(db)] == [entry.request_id]
     sink.close()
+
+
+def test_gateway_answers_with_rows_written_by_its_writer_process(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    app = build_app(settings, db, upstreams=[ScriptedUpstream()])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {tenants.key_a}"}
+    with LiveServer(app) as server:
+        ids = [httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers,
+                          timeout=30).headers["x-kvtoll-request-id"] for _ in range(3)]
+        wait_until(lambda: len(ledger_rows(db)) == 3, "ledger rows")
+        sink = app.state.kvtoll.meter._sink
+        assert isinstance(sink, ProcessLedgerSink)
+        assert sink.pid is not None and sink.pid != os.getpid()
+    assert sink.pid is None  # stopped with the gateway
+    assert sorted(r.request_id for r in ledger_rows(db)) == sorted(ids)
+
+
+def test_thread_writer_setting_keeps_the_ledger_in_process(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    threaded = build_app(settings.model_copy(update={"ledger_writer": "thread"}), db,
+                         upstreams=[ScriptedUpstream()])
+    assert isinstance(threaded.state.kvtoll.meter._sink, InProcessLedgerSink)
+    default = build_app(settings, db, upstreams=[ScriptedUpstream()])
+    assert isinstance(default.state.kvtoll.meter._sink, ProcessLedgerSink)
