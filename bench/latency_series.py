@@ -113,8 +113,11 @@ def periodicity(times_s: list[float], added_ms: list[float], spike_ms: float,
                 {int(t // window_s) for t in spikes})), 2)}
 
 
-def plot_added(series: dict[str, list[float]], path: Path, title: str) -> None:
-    """One panel per series: added latency (ms) over request index."""
+def plot_added(series: dict[str, list[float]], path: Path, title: str,
+               y_max_ms: float = 25.0) -> None:
+    """One panel per series: added latency (ms) over request index, on one scale
+    (-5 .. ``y_max_ms``, wider for a gateway whose p99 is above it) so that panels
+    compare at a glance; the points off the scale are counted in the panel's title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,10 +126,14 @@ def plot_added(series: dict[str, list[float]], path: Path, title: str) -> None:
     fig, axes = plt.subplots(len(series), 1, figsize=(11, 2.4 * len(series)), sharex=True,
                              squeeze=False)
     for ax, (name, added) in zip(axes[:, 0], series.items(), strict=True):
+        top = max(y_max_ms, 1.2 * percentile(added, 0.99))
+        off = sum(1 for a in added if a > top or a < -5)
         ax.plot(range(len(added)), added, linewidth=0.5)
+        ax.set_ylim(-5, top)
         ax.set_ylabel("added ms")
         ax.set_title(f"{name}: p50 {percentile(added, 0.5):.2f} ms, "
-                     f"p99 {percentile(added, 0.99):.2f} ms", fontsize=9)
+                     f"p99 {percentile(added, 0.99):.2f} ms, "
+                     f"p99.9 {percentile(added, 0.999):.2f} ms ({off} off scale)", fontsize=9)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("request index (sequential client)")
     fig.suptitle(title, fontsize=10)
