@@ -125,7 +125,8 @@ class HostTier:
 
     def contains(self, tenant: Tenant, h: BlockHash) -> bool:
         with self._lock:
-            return self._mem.has(tenant, h) or (self._disk is not None and self._disk.has(tenant, h))
+            on_disk = self._disk is not None and self._disk.has(tenant, h)
+            return on_disk or self._mem.has(tenant, h)
 
     def put(self, tenant: Tenant, h: BlockHash, data: bytes) -> bool:
         """Keep ``data`` for (tenant, hash); False if the tenant's quota cannot hold it."""

@@ -109,7 +109,9 @@ class KVTier:
         if num_tokens >= self.block_size:
             self.cost.observe_prefill(num_tokens, seconds)
 
-    def promote(self, pool: BlockPool, seq: CacheableSeq, resident: Sequence[KVBlock]) -> list[KVBlock]:
+    def promote(
+        self, pool: BlockPool, seq: CacheableSeq, resident: Sequence[KVBlock]
+    ) -> list[KVBlock]:
         """Load the host tier's blocks that extend ``resident``; the pool blocks now
         holding them (cached, free), in prefix order."""
         bs = self.block_size

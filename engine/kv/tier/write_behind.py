@@ -56,8 +56,9 @@ class WriteBehind:
                 return False
             self._queued += len(job.keys)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kvtoll-kv-tier", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="kvtoll-kv-tier", daemon=True)
+                self._thread = thread
+                thread.start()
         self._queue.put(job)
         return True
 
@@ -97,6 +98,5 @@ class WriteBehind:
                 self._host.put(key.salt, key.block_hash, blob)
             if job.to_shared:
                 shared.append((key, blob))
-        if shared and self._shared is not None:
-            if self._shared.put_many(shared):
-                self.bytes_shared += sum(len(b) for _, b in shared)
+        if shared and self._shared is not None and self._shared.put_many(shared):
+            self.bytes_shared += sum(len(b) for _, b in shared)

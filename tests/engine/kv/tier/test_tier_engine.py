@@ -73,7 +73,7 @@ def test_a_corrupt_block_is_dropped_and_recomputed(tiny_model: LoadedModel) -> N
         bad = bytearray(data[key])
         bad[len(bad) // 2] ^= 0xFF
         data[key] = bytes(bad)
-    tokens, cached = _run(tiered, "a2", PROMPT_A, SALT_A)
+    tokens, _ = _run(tiered, "a2", PROMPT_A, SALT_A)
     assert tokens == expected and tier.num_loaded_blocks == 0
     assert tier.host.stats.corrupt == 1  # the first one stops the run of loads
 
