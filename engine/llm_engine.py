@@ -164,6 +164,7 @@ class LLMEngine:
             num_free_blocks=self.kv.pool.num_free_blocks,
             num_total_blocks=self.kv.pool.num_blocks,
             block_size=self.kv.block_size,
+            tier_load_fraction=self.tier.shared_load_fraction() if self.tier else None,
         )
 
     def kv_events(self, cursor: int, limit: int = 1000) -> list[KVEvent]:

@@ -40,6 +40,8 @@ from engine.kv.tier.host_store import HostTier, Tenant
 from engine.kv.tier.shared_redis import RedisBlockStore
 from engine.kv.tier.write_behind import WriteBehind, WriteJob
 
+DEFAULT_LOAD_FRACTION = 0.5  # the router's prior for a shared block before any measurement
+
 
 class KVTier:
     """Host tier + optional shared store behind the engine's hooks."""
@@ -200,6 +202,16 @@ class KVTier:
             copied += 1
         self.num_prefetched_blocks += copied
         return copied
+
+    def shared_load_fraction(self) -> float | None:
+        """What the router counts a block in the shared tier at, as a fraction of
+        recomputing it: the measured load cost (``DEFAULT_LOAD_FRACTION`` until this
+        worker has measured both sides), within [0, 1]; None without a shared store."""
+        if self.shared is None:
+            return None
+        measured = self.cost.load_fraction(self.block_size)
+        fraction = DEFAULT_LOAD_FRACTION if measured is None else measured
+        return round(min(1.0, max(0.0, fraction)), 4)
 
     def close(self) -> None:
         self.writer.close()
