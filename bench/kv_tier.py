@@ -48,7 +48,7 @@ from engine.kv.hashing import TenantSalt
 from engine.kv.tier.config import TierConfig
 from engine.serving.tier_metrics import tier_metrics_text
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[2] / "shared/data/mooncake_conversation_trace.jsonl"
 SALT = TenantSalt(b"bench-tenant-0001")
 MIB = 1 << 20
 
@@ -66,7 +66,9 @@ def _engine(
     return AsyncEngine(build_llm_engine(cfg, lm))
 
 
-async def _ttft(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1) -> tuple[float, int]:
+async def _ttft(
+    engine: AsyncEngine, prompt: list[int], max_tokens: int = 1
+) -> tuple[float, int]:
     """Seconds to the first chunk and the prompt tokens served from a cache."""
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     req = GenerationRequest(uuid.uuid4().hex, tuple(prompt), sp, SALT)
@@ -185,7 +187,10 @@ async def _decode_rate(engine: AsyncEngine, seed: int) -> float:
             for i in range(8)]  # fmt: skip
 
     async def one(r: GenerationRequest) -> int:
-        return sum(len(c.token_ids) async for c in engine.generate(r))
+        n = 0
+        async for c in engine.generate(r):
+            n += len(c.token_ids)
+        return n
 
     t0 = time.perf_counter()
     n = sum(await asyncio.gather(*(one(r) for r in reqs)))
