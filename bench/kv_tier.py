@@ -90,8 +90,9 @@ def _drain(*engines: AsyncEngine) -> None:
 
 
 def _tier(mb: int, shared: bool, url: str, prefix: str) -> TierConfig:
-    return TierConfig(host_bytes=mb * MIB, shared="redis" if shared else "off",
-                      redis_url=url if shared else None, redis_prefix=prefix, timeout_s=1.0)  # fmt: skip
+    mode = "redis" if shared else "off"
+    return TierConfig(host_bytes=mb * MIB, shared=mode, redis_url=url if shared else None,
+                      redis_prefix=prefix, timeout_s=1.0)  # fmt: skip
 
 
 async def part_a(lm: LoadedModel, n_tokens: int, url: str, prefix: str) -> dict[str, Any]:
