@@ -148,29 +148,35 @@ async def part_b(
                for ids in windows]  # fmt: skip
     out: dict[str, Any] = {"requests": len(prompts), "pool_blocks": args.pool_blocks,
                            "tokens_per_id": args.tokens_per_id}  # fmt: skip
-    metrics = ""
-    for name, tier in (
-        ("tier_off", None),
-        ("tier2", _tier(args.tier_mb, False, url, prefix)),
-        ("tier2_shared", _tier(args.tier_mb, True, url, f"{prefix}:b")),
-    ):
-        workers = [_engine(lm, args.pool_blocks, tier, 1024) for _ in range(2)]
+    configs = {
+        "tier_off": None,
+        "tier2": _tier(args.tier_mb, False, url, prefix),
+        "tier2_shared": _tier(args.tier_mb, True, url, f"{prefix}:b"),
+    }
+    # every configuration's pair of workers lives for the whole run and each request
+    # goes to all three in turn: the machine's load varies the same for each
+    fleets = {name: [_engine(lm, args.pool_blocks, tier, 1024) for _ in range(2)]
+              for name, tier in configs.items()}  # fmt: skip
+    for workers in fleets.values():
         for i, w in enumerate(workers):
             await _ttft(w, _tokens(800 + i, 40))
-        ttfts, cached, total = [], 0, 0
-        for i, prompt in enumerate(prompts):
+    ttfts: dict[str, list[float]] = {name: [] for name in configs}
+    cached = dict.fromkeys(configs, 0)
+    total = sum(len(p) for p in prompts)
+    for i, prompt in enumerate(prompts):
+        for name, workers in fleets.items():
             t, c = await _ttft(workers[i % 2], prompt, max_tokens=4)
             _drain(*workers)
-            ttfts.append(t)
-            cached += c
-            total += len(prompt)
-        out[name] = {"prefix_hit_ratio": round(cached / total, 4),
-                     "mean_ttft_s": round(statistics.mean(ttfts), 4)}  # fmt: skip
-        if tier is not None and tier.shared == "redis":
-            metrics = "".join(
-                f"# worker {i}\n{tier_metrics_text(w.engine.tier)}"  # type: ignore[arg-type]
-                for i, w in enumerate(workers)
-            )
+            ttfts[name].append(t)
+            cached[name] += c
+    for name in configs:
+        out[name] = {"prefix_hit_ratio": round(cached[name] / total, 4),
+                     "mean_ttft_s": round(statistics.mean(ttfts[name]), 4)}  # fmt: skip
+    metrics = "".join(
+        f"# worker {i}\n{tier_metrics_text(w.engine.tier)}"  # type: ignore[arg-type]
+        for i, w in enumerate(fleets["tier2_shared"])
+    )
+    for workers in fleets.values():
         for w in workers:
             w.shutdown()
     off = out["tier_off"]
