@@ -110,9 +110,12 @@ class AsyncEngine:
         if tier is None or tier.shared is None:
             return
         cached = self.engine.kv.pool.cached
-        await asyncio.to_thread(
-            tier.prefetch, request.salt, request.prompt_token_ids, cached.__contains__
-        )
+        try:
+            await asyncio.to_thread(
+                tier.prefetch, request.salt, request.prompt_token_ids, cached.__contains__
+            )
+        except Exception:  # a bug in the tier must not fail the request: recompute
+            log.exception("prefetching KV blocks from the shared tier failed")
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream ends with ``abort`` chunks, its blocks are freed."""

@@ -70,14 +70,16 @@ def encode(key: BlockKey, kv: torch.Tensor, mode: TierMode) -> bytes:
     code = 0 if mode is TierMode.RAW else 1
     header = _HEADER.pack(MAGIC, code, _DTYPES[kv.dtype], layers, block, heads, dim, key.digest())
     if mode is TierMode.RAW:
-        body = _as_bytes(kv.contiguous())
+        parts = [header, _view(kv.contiguous())]
     else:
         flat = kv.float().reshape(layers * 2, -1)
         scales = (flat.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
         q = torch.round(flat / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-        body = scales.numpy().tobytes() + q.numpy().tobytes()
-    out = header + body
-    return out + hashlib.blake2b(out, digest_size=_DIGEST).digest()
+        parts = [header, _view(scales), _view(q)]
+    h = hashlib.blake2b(digest_size=_DIGEST)
+    for part in parts:
+        h.update(part)
+    return b"".join([*parts, h.digest()])  # the one copy of the payload
 
 
 def verify(key: BlockKey, data: bytes, shape: tuple[int, int, int, int]) -> tuple[int, int]:
@@ -86,7 +88,7 @@ def verify(key: BlockKey, data: bytes, shape: tuple[int, int, int, int]) -> tupl
     the shape or the length is wrong."""
     if len(data) < _HEADER.size + _DIGEST:
         raise CorruptBlock("too short")
-    body, check = data[:-_DIGEST], data[-_DIGEST:]
+    body, check = memoryview(data)[:-_DIGEST], data[-_DIGEST:]
     if hashlib.blake2b(body, digest_size=_DIGEST).digest() != check:
         raise CorruptBlock("checksum mismatch")
     magic, code, dtype_code, layers, block, heads, dim, digest = _HEADER.unpack_from(body)
@@ -108,7 +110,7 @@ def decode(key: BlockKey, data: bytes, shape: tuple[int, int, int, int]) -> torc
     code, dtype_code = verify(key, data, shape)
     layers, block, heads, dim = shape
     dtype = _CODES[dtype_code]
-    payload = data[_HEADER.size : -_DIGEST]
+    payload = memoryview(data)[_HEADER.size : -_DIGEST]
     if code == 0:
         out = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype)
     else:
@@ -119,5 +121,6 @@ def decode(key: BlockKey, data: bytes, shape: tuple[int, int, int, int]) -> torc
     return out.view(layers, 2, block, heads, dim)
 
 
-def _as_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.reshape(-1).view(torch.uint8).numpy())
+def _view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
