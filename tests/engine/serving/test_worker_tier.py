@@ -3,6 +3,15 @@ exit 2) and the tier's ``/metrics`` on a real worker app."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
 import pytest
 import typer
 from fastapi.testclient import TestClient
@@ -83,3 +92,79 @@ def test_metrics_show_each_tier(tiny_model: LoadedModel) -> None:
     assert float(values["kvtoll_kv_tier_loads_total"]) > 0
     assert float(values["kvtoll_kv_tier_load_seconds_total"]) > 0
     engine.shutdown()
+
+
+SCRIPT = """
+import typer, sys
+from engine.cli import register
+app = typer.Typer()
+register(app)
+@app.command("noop")
+def noop() -> None: ...
+app(sys.argv[1:])
+"""
+TOKEN = "worker-cli-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_worker(redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    cmd = [sys.executable, "-c", SCRIPT, "worker", "--model", "kvtoll-tiny", "--port",
+           str(port), "--num-blocks", "32", "--kv-tier-mb", "8", "--kv-shared", "redis"]  # fmt: skip
+    env = {**os.environ, "KVTOLL_LOG_LEVEL": "warning", "KVTOLL_WORKER_TOKEN": TOKEN,
+           "KVTOLL_REDIS_URL": redis_url, "KVTOLL_DEV_MODE": "0"}  # fmt: skip
+    env.pop("KVTOLL_WORKER_TOKEN_PREVIOUS", None)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            break
+        try:
+            if httpx.get(f"{base}/healthz", headers=AUTH, timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+    return proc, base
+
+
+def _metric(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics", headers=AUTH).text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines())
+    return float(values[name])
+
+
+@pytest.mark.redis
+def test_a_worker_process_loads_the_prefix_another_worker_process_computed(
+    redis_url: str,
+) -> None:
+    text = f"{uuid.uuid4().hex} " * 4
+    salt = os.urandom(16).hex()  # a tenant no earlier run stored blocks for
+    body = {"model": "kvtoll-tiny", "messages": [{"role": "user", "content": text}],
+            "max_tokens": 2, "temperature": 0, "cache_salt": salt}  # fmt: skip
+    workers = [_start_worker(redis_url) for _ in range(2)]
+    try:
+        (_, a), (_, b) = workers
+        first = httpx.post(f"{a}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+        assert first.status_code == 200
+        assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        for _ in range(100):  # A writes behind: wait until its blocks are in Redis
+            if _metric(a, 'kvtoll_kv_tier_stores_total{tier="shared"}') >= 8:
+                break
+            time.sleep(0.1)
+        resp = httpx.post(f"{b}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+        cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 16 * 8
+        assert resp.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+        assert _metric(b, "kvtoll_kv_tier_prefetched_total") * 16 == cached
+        assert httpx.get(f"{b}/metrics").status_code == 401
+    finally:
+        for proc, _ in workers:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
