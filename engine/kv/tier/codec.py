@@ -18,6 +18,7 @@ import enum
 import hashlib
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -69,6 +70,7 @@ def encode(key: BlockKey, kv: torch.Tensor, mode: TierMode) -> bytes:
     layers, _, block, heads, dim = kv.shape
     code = 0 if mode is TierMode.RAW else 1
     header = _HEADER.pack(MAGIC, code, _DTYPES[kv.dtype], layers, block, heads, dim, key.digest())
+    parts: list[bytes | memoryview]
     if mode is TierMode.RAW:
         parts = [header, _view(kv.contiguous())]
     else:
@@ -123,4 +125,5 @@ def decode(key: BlockKey, data: bytes, shape: tuple[int, int, int, int]) -> torc
 
 def _view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    array: Any = t.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(array)

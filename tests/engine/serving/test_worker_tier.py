@@ -115,8 +115,8 @@ def _free_port() -> int:
 
 def _start_worker(redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    cmd = [sys.executable, "-c", SCRIPT, "worker", "--model", "kvtoll-tiny", "--port",
-           str(port), "--num-blocks", "32", "--kv-tier-mb", "8", "--kv-shared", "redis"]  # fmt: skip
+    cmd = [sys.executable, "-c", SCRIPT, "worker", "--model", "kvtoll-tiny", "--port", str(port),
+           "--num-blocks", "32", "--kv-tier-mb", "8", "--kv-shared", "redis"]  # fmt: skip
     env = {**os.environ, "KVTOLL_LOG_LEVEL": "warning", "KVTOLL_WORKER_TOKEN": TOKEN,
            "KVTOLL_REDIS_URL": redis_url, "KVTOLL_DEV_MODE": "0"}  # fmt: skip
     env.pop("KVTOLL_WORKER_TOKEN_PREVIOUS", None)
