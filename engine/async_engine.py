@@ -81,6 +81,7 @@ class AsyncEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Stream chunks until every choice finished; see :class:`AsyncEngineClient`."""
         self.engine.validate(request)
+        await self._prefetch(request)
         rid = request.request_id
         if rid in self._streams:
             raise EngineRejected(f"request_id: {rid!r} is already in flight")
@@ -100,6 +101,21 @@ class AsyncEngine:
             self._streams.pop(rid, None)
             if remaining:
                 self._submit(_Op("abort", request_id=rid))
+
+    async def _prefetch(self, request: GenerationRequest) -> None:
+        """Tier 2: copy the prompt's blocks that only the shared store holds into the
+        host tier before the step loop sees the request (bounded by the store's
+        timeout; a fault just means recompute)."""
+        tier = self.engine.tier
+        if tier is None or tier.shared is None:
+            return
+        cached = self.engine.kv.pool.cached
+        try:
+            await asyncio.to_thread(
+                tier.prefetch, request.salt, request.prompt_token_ids, cached.__contains__
+            )
+        except Exception:  # a bug in the tier must not fail the request: recompute
+            log.exception("prefetching KV blocks from the shared tier failed")
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream ends with ``abort`` chunks, its blocks are freed."""
@@ -128,6 +144,8 @@ class AsyncEngine:
         if thread is not None:
             thread.join(timeout)
         self._fail_all(RuntimeError("engine shut down"))
+        if self.engine.tier is not None:
+            self.engine.tier.close()
 
     async def close(self) -> None:
         """Async :meth:`shutdown`."""

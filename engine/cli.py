@@ -21,12 +21,14 @@ from typing import Annotated
 import typer
 
 from engine.config import DEFAULT_GPU_MEMORY_UTILIZATION, TINY_MODEL, EngineConfig
+from engine.kv.tier.codec import TierMode
+from engine.kv.tier.config import TierConfig
 from engine.serving.app import WorkerConfig
 from engine.serving.registration import Registration
 from kvtoll.cli.errors import fail
 from kvtoll.openai.errors import DEFAULT_MAX_BODY_BYTES
 from kvtoll.server import check_port_free, check_tls_files
-from kvtoll.settings import load_settings
+from kvtoll.settings import Settings, load_settings
 from kvtoll.worker_auth import WorkerTokens
 
 DEFAULT_PORT = 8001
@@ -48,6 +50,7 @@ def engine_config(
     device: str = "cpu",
     cuda_graphs: bool = False,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    kv_tier: TierConfig | None = None,
 ) -> EngineConfig:
     """The engine's config from CLI values; ``ValueError`` names a bad one."""
     if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
@@ -76,7 +79,40 @@ def engine_config(
         device=device,
         cuda_graphs=cuda_graphs,
         gpu_memory_utilization=gpu_memory_utilization,
+        kv_tier=kv_tier,
         **extra,  # type: ignore[arg-type]
+    )
+
+
+def tier_config(
+    settings: Settings, kv_tier_mb: int, kv_shared: str, redis_url: str | None
+) -> TierConfig | None:
+    """Tier 2 from ``--kv-tier-mb`` / ``--kv-shared`` and the ``KVTOLL_KV_TIER_*``
+    settings; None when off; ``ValueError`` names a bad value."""
+    if kv_tier_mb < 0:
+        raise ValueError(f"--kv-tier-mb must be >= 0, got {kv_tier_mb}")
+    if kv_shared not in ("redis", "peer", "off"):
+        raise ValueError(f"--kv-shared must be redis, peer or off, got {kv_shared!r}")
+    if kv_tier_mb == 0:
+        if kv_shared != "off":
+            raise ValueError("--kv-shared needs a host tier: set --kv-tier-mb")
+        return None
+    try:
+        mode = TierMode(settings.kv_tier_mode)
+    except ValueError:
+        raise ValueError(f"KVTOLL_KV_TIER_MODE must be raw or int8, "
+                         f"got {settings.kv_tier_mode!r}") from None  # fmt: skip
+    spill = settings.kv_tier_spill_dir
+    return TierConfig(
+        host_bytes=kv_tier_mb * _MIB,
+        tenant_fraction=settings.kv_tier_tenant_fraction,
+        mode=mode,
+        spill_dir=Path(spill) if spill else None,
+        spill_bytes=settings.kv_tier_spill_mb * _MIB,
+        shared=kv_shared,
+        redis_url=redis_url,
+        ttl_s=settings.kv_tier_ttl_s,
+        timeout_s=settings.kv_tier_timeout_s,
     )
 
 
@@ -234,6 +270,15 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="... and this private key (PEM; default: "
                                      "KVTOLL_TLS_KEY)")
         ] = None,
+        kv_tier_mb: Annotated[
+            int | None, typer.Option(help="Tier 2: host MiB for evicted KV blocks (0: off; "
+                                     "default: KVTOLL_KV_TIER_MB or 0)")
+        ] = None,
+        kv_shared: Annotated[
+            str | None, typer.Option(help="Tier 2 shared between workers: redis (from "
+                                     "KVTOLL_REDIS_URL), peer or off (default: "
+                                     "KVTOLL_KV_SHARED or off)")
+        ] = None,
     ) -> None:
         """Run an engine worker: OpenAI API plus /kv/events and /load for the router.
 
@@ -245,6 +290,12 @@ def register(app: typer.Typer) -> None:
             tls_cert=tls_cert, tls_key=tls_key,
         ))
         try:
+            tier = tier_config(
+                settings,
+                settings.kv_tier_mb if kv_tier_mb is None else kv_tier_mb,
+                kv_shared or settings.kv_shared,
+                redis_url or settings.redis_url,
+            )
             config = engine_config(
                 model or settings.model_path,
                 dtype or settings.dtype,
@@ -261,6 +312,7 @@ def register(app: typer.Typer) -> None:
                 gpu_memory_utilization=settings.gpu_memory_utilization
                 if gpu_memory_utilization is None
                 else gpu_memory_utilization,
+                kv_tier=tier,
             )
             if max_body_mb <= 0:
                 raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")

@@ -14,6 +14,7 @@ import torch
 from engine.api import TINY_MODEL
 from engine.dtype_choice import resolve_dtype
 from engine.gpu_memory import check_utilization
+from engine.kv.tier.config import TierConfig
 
 DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware computes it natively
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
@@ -52,6 +53,7 @@ class EngineConfig:
     seed: int = 0  # tiny model weight init
     num_threads: int | None = None  # torch intra-op threads; None = torch default
     cuda_graphs: bool = False
+    kv_tier: TierConfig | None = None  # tier 2 (engine.kv.tier); None: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", check_device(self.device))

@@ -42,6 +42,7 @@ from engine.validation import Limits
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
+    from engine.kv.tier.tier import KVTier
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,11 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     if config.device != "cpu" and not sized_from_gpu_memory(config):
         # compile the kernels now, not in a request (the probe already did)
         runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
-    kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
+    pool = BlockPool(n_blocks, config.block_size)
+    tier = build_tier(config, lm.name, runner) if config.kv_tier is not None else None
+    if tier is not None:
+        pool.on_evict = tier.on_evict
+    kv = KVCacheManager(pool, tier)
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
     limits = Limits(
         max_len,
@@ -245,7 +250,25 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.block_size,
         max_len,
     )
-    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits)
+    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits, tier)
+
+
+def build_tier(config: EngineConfig, model_name: str, runner: ModelRunner) -> KVTier:
+    """Tier 2 over ``runner``'s KV cache: host tier, and the shared store if asked.
+    Blocks are keyed by the model's name and KV dtype (a worker never loads blocks
+    another model or dtype made)."""
+    from engine.kv.tier.block_io import BlockIO
+    from engine.kv.tier.shared_redis import RedisBlockStore
+    from engine.kv.tier.tier import KVTier
+
+    tc = config.kv_tier
+    assert tc is not None
+    shared = None
+    if tc.shared == "redis" and tc.redis_url:
+        shared = RedisBlockStore(
+            tc.redis_url, tc.ttl_s, tc.timeout_s, tc.backoff_s, tc.redis_prefix
+        )
+    return KVTier(tc, f"{model_name}/{config.dtype}", BlockIO(runner.kv_caches), shared)
 
 
 def build_engine(config: EngineConfig, loaded: LoadedModel | None = None) -> AsyncEngine:

@@ -10,6 +10,8 @@ thread.
 from __future__ import annotations
 
 import logging
+import time
+from typing import TYPE_CHECKING
 
 from engine.api import (
     EngineLoad,
@@ -28,6 +30,9 @@ from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.validation import Limits, validate_request
 
+if TYPE_CHECKING:
+    from engine.kv.tier.tier import KVTier
+
 log = logging.getLogger(__name__)
 
 
@@ -42,8 +47,10 @@ class LLMEngine:
         kv: KVCacheManager,
         scheduler: Scheduler,
         limits: Limits,
+        tier: KVTier | None = None,
     ) -> None:
         self.model_name = model_name
+        self.tier = tier  # tier 2 (engine.kv.tier); None: off
         self.tokenizer = tokenizer
         self.runner = runner
         self.kv = kv
@@ -105,11 +112,17 @@ class LLMEngine:
         if not out.scheduled:
             return []
         self.num_steps += 1
+        if self.tier is not None:
+            self.tier.flush()  # evicted blocks are copied before this step reuses them
+        t0 = time.perf_counter()
         logits = self.runner.execute([self._runner_seq(s) for s in out.scheduled])
         completing = out.completing
         tokens, logprobs = sample_batch(
             logits, [s.sampling for s in completing], [s.generator for s in completing]
         )
+        if self.tier is not None:
+            num_tokens = sum(s.num_new_tokens for s in out.scheduled)
+            self.tier.observe_step(num_tokens, time.perf_counter() - t0)
         chunks: list[GenerationChunk] = []
         for seq, tok, lp in zip(completing, tokens, logprobs, strict=True):
             chunk = self._append_token(seq, tok, lp)
@@ -151,6 +164,7 @@ class LLMEngine:
             num_free_blocks=self.kv.pool.num_free_blocks,
             num_total_blocks=self.kv.pool.num_blocks,
             block_size=self.kv.block_size,
+            tier_load_fraction=self.tier.shared_load_fraction() if self.tier else None,
         )
 
     def kv_events(self, cursor: int, limit: int = 1000) -> list[KVEvent]:

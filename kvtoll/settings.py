@@ -49,6 +49,15 @@ class Settings(BaseSettings):
     device: str = "cpu"  # the in-process engine's and `kvtoll worker`'s: cpu, cuda, cuda:N
     cuda_graphs: bool = False  # decode steps as CUDA graphs (engine.decode_graphs)
     gpu_memory_utilization: float = 0.9  # on a GPU: its share for the engine (engine.gpu_memory)
+    # Tier 2 KV (engine.kv.tier), `kvtoll worker`: host MiB (0 = off), shared store
+    kv_tier_mb: int = 0
+    kv_shared: str = "off"  # redis | peer | off
+    kv_tier_mode: str = "raw"  # raw (the KV dtype) | int8 (per-block scales)
+    kv_tier_tenant_fraction: float = 0.5  # one tenant's cap, as a share of the tier
+    kv_tier_spill_dir: str | None = None
+    kv_tier_spill_mb: int = 0
+    kv_tier_ttl_s: int = 3600
+    kv_tier_timeout_s: float = 0.25
     log_level: str = "info"
     # gateway: where the usage outbox is drained to the ledger: "process" (a writer
     # process of its own, off the serving process's GIL) or "thread" (in-process)
@@ -63,7 +72,7 @@ class Settings(BaseSettings):
     def _normalise(self) -> Settings:
         if self.redis_url == "":
             object.__setattr__(self, "redis_url", None)
-        for name in ("worker_tls_ca", "tls_cert", "tls_key"):
+        for name in ("worker_tls_ca", "tls_cert", "tls_key", "kv_tier_spill_dir"):
             if getattr(self, name) == "":
                 object.__setattr__(self, name, None)
         return self

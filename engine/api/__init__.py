@@ -72,6 +72,9 @@ class EngineLoad:
     num_free_blocks: int
     num_total_blocks: int
     block_size: int
+    # Shared KV tier (engine.kv.tier): measured cost of loading a block over the cost of
+    # recomputing it (a prior until measured); None when the worker has no shared tier.
+    tier_load_fraction: float | None = None
 
 
 class KVEventKind(enum.StrEnum):

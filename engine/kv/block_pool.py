@@ -16,6 +16,8 @@ Policy (automatic prefix caching, vLLM v1 style):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.api import KVEventKind
 from engine.kv.events import KVEventLog
 from engine.kv.free_queue import BlockId, FreeBlockQueue, KVBlock
@@ -34,6 +36,8 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, KVBlock] = {}
         self.events = events if events is not None else KVEventLog()
+        # tier 2 (engine.kv.tier): told of each cached block before its hash is dropped
+        self.on_evict: Callable[[KVBlock], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -102,6 +106,8 @@ class BlockPool:
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
+        if self.on_evict is not None:
+            self.on_evict(block)
         del self.cached[block.block_hash]
         self.events.emit(KVEventKind.REMOVED, [block.block_hash])
         block.block_hash = None

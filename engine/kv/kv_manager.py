@@ -38,11 +38,26 @@ class CacheableSeq(Protocol):
         ...
 
 
+class PrefixTier(Protocol):
+    """Tier 2 as the manager sees it (:class:`engine.kv.tier.tier.KVTier`)."""
+
+    def promote(
+        self, pool: BlockPool, seq: CacheableSeq, resident: Sequence[KVBlock]
+    ) -> list[KVBlock]:
+        """Blocks loaded from the tier that extend ``resident`` (cached, free)."""
+        ...
+
+    def note_cached(self, blocks: Sequence[KVBlock], salt: TenantSalt | None) -> None:
+        """``blocks`` were just registered in the prefix cache."""
+        ...
+
+
 class KVCacheManager:
     """Block tables per sequence; allocation, prefix hits, caching and freeing."""
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, tier: PrefixTier | None = None) -> None:
         self.pool = pool
+        self.tier = tier  # tier 2: extends prefix hits, hears of newly cached blocks
         self.block_size = pool.block_size
         self._tables: dict[int, list[KVBlock]] = {}
         self._ids: dict[int, tuple[BlockId, ...]] = {}  # _tables as ids, built on change
@@ -82,6 +97,8 @@ class KVCacheManager:
             if block is None or block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
                 break
             hits.append(block)
+        if self.tier is not None:
+            hits += self.tier.promote(self.pool, seq, hits)
         return hits
 
     def can_allocate(
@@ -129,6 +146,7 @@ class KVCacheManager:
         self.update_hashes(seq)
         bs = self.block_size
         stored: list[BlockHash] = []
+        stored_blocks: list[KVBlock] = []
         for i in range(start, num_full):
             block = table[i]
             if block.block_hash is not None:
@@ -136,8 +154,11 @@ class KVCacheManager:
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             if self.pool.cache_block(block, seq.block_hashes[i], tokens):
                 stored.append(seq.block_hashes[i])
+                stored_blocks.append(block)
         self._num_hashed[seq.seq_id] = num_full
         self.pool.events.emit(KVEventKind.STORED, stored)
+        if self.tier is not None and stored_blocks:
+            self.tier.note_cached(stored_blocks, seq.salt)
 
     def free(self, seq: CacheableSeq) -> None:
         """Release the sequence's blocks (tail first, so its tail is evicted first)."""

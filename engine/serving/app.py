@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -254,8 +254,13 @@ class WorkerService:
         }
 
 
-def build_worker_app(engine: AsyncEngineClient, config: WorkerConfig | None = None) -> FastAPI:
-    """The worker's FastAPI app around an already-built engine."""
+def build_worker_app(
+    engine: AsyncEngineClient,
+    config: WorkerConfig | None = None,
+    metrics: Callable[[], str] | None = None,
+) -> FastAPI:
+    """The worker's FastAPI app around an already-built engine; ``metrics``: the
+    Prometheus text ``GET /metrics`` serves (tier 2's counters), if any."""
     service = WorkerService(engine, config or WorkerConfig())
     app = FastAPI(title="kvtoll worker", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
@@ -281,6 +286,12 @@ def build_worker_app(engine: AsyncEngineClient, config: WorkerConfig | None = No
     @app.get("/load")
     async def load() -> dict[str, Any]:
         return {**asdict(engine.load()), "instance_id": service.instance_id}
+
+    if metrics is not None:
+
+        @app.get("/metrics")
+        async def metrics_route() -> Response:
+            return Response(metrics(), media_type="text/plain; version=0.0.4")
 
     @app.get("/kv/events")
     async def kv_events(

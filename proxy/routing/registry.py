@@ -94,7 +94,15 @@ def parse_load(payload: dict[str, Any]) -> WorkerLoad:
         num_waiting=int(payload.get("num_waiting", 0)),
         num_free_blocks=int(payload.get("num_free_blocks", 0)),
         num_total_blocks=int(payload.get("num_total_blocks", 0)),
+        shared_load_fraction=_fraction(payload.get("tier_load_fraction")),
     )
+
+
+def _fraction(value: Any) -> float | None:
+    """A reported fraction within [0, 1], or None when absent or malformed."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return min(1.0, max(0.0, float(value)))
 
 
 class WorkerRegistry:

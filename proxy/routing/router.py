@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from engine.kv.hashing import BlockHash, TenantSalt, hash_prompt_blocks
@@ -155,8 +155,17 @@ class PrefixRouter:
         if self._recent is not None:
             for worker_id, n in self._recent.match(block_hashes, precise_ids).items():
                 matched[worker_id] = max(matched[worker_id], n)
+        best = max(matched.values(), default=0)
         return [
-            Candidate(s.worker_id, matched[s.worker_id], self._with_pending(s)) for s in statuses
+            Candidate(
+                s.worker_id,
+                matched[s.worker_id],
+                self._with_pending(s),
+                shared_blocks=best - matched[s.worker_id]
+                if s.load.shared_load_fraction is not None
+                else 0,
+            )
+            for s in statuses
         ]
 
     def dispatched(self, request_id: str, plan: RoutePlan, worker_id: WorkerId) -> None:
@@ -210,9 +219,7 @@ class PrefixRouter:
         pending = self._pending.get(status.worker_id, 0)
         if pending == load.pending_prefill_tokens:
             return load
-        return WorkerLoad(
-            load.num_running, load.num_waiting, load.num_free_blocks, load.num_total_blocks, pending
-        )
+        return replace(load, pending_prefill_tokens=pending)
 
     def _finish(self, request_id: str) -> _InFlight | None:
         entry = self._inflight.pop(request_id, None)

@@ -22,6 +22,9 @@ class WorkerLoad:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     pending_prefill_tokens: int = 0
+    # The worker's shared KV tier: a block there costs this fraction of recomputing it
+    # (its measured load cost); None = no shared tier.
+    shared_load_fraction: float | None = None
 
     @property
     def num_requests(self) -> int:
@@ -43,6 +46,9 @@ class Candidate:
     worker_id: WorkerId
     cached_blocks: int  # leading prompt blocks the worker is predicted to hold
     load: WorkerLoad
+    # leading blocks after ``cached_blocks`` that another worker holds: reachable in
+    # the shared KV tier when the worker has one (``load.shared_load_fraction``)
+    shared_blocks: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,18 @@ token"):
 3. The request's *common* leading blocks (carried by most recent requests, see
    :mod:`proxy.routing.popularity`) never count either: a global system prompt,
    however long, pulls nobody, while the part of a match beyond it still does.
-4. cost(w) = ``prefill_weight``   × (prompt tokens − counted cached tokens on w)
+4. cost(w) = ``prefill_weight``   × (prompt tokens − counted cached tokens on w
+                                      − (1 − f_w) × shared-tier tokens of w)
            + ``pending_weight``   × prompt tokens routed to w without a first token yet
            + ``running_cost``     × requests decoding on w
            + ``waiting_cost``     × requests waiting on w (its own report)
            + ``pressure_cost``    × max(0, used-block fraction − ``pressure_start``)
                                     / (1 − ``pressure_start``)
    The cheapest worker ranks first; equal costs rotate round-robin.
+   Shared-tier tokens of w: the leading blocks after w's own cached prefix that another
+   worker holds, when w has a shared KV tier (they are in Redis, written through at
+   caching time); ``f_w`` is w's measured cost of loading a block over recomputing it
+   (its ``/load`` ``tier_load_fraction``): cheaper than recompute, dearer than resident.
 
 ``prefill_weight`` > 1 values a cache hit above the equal amount of queued work: a
 hit also spares cache space on the other workers (no duplicate copy) and keeps the
@@ -99,8 +104,12 @@ class CacheAwarePolicy:
     def cost(self, request: RouteRequest, candidate: Candidate) -> float:
         """Predicted cost of sending ``request`` to ``candidate`` (token units)."""
         p = self.params
-        cached = self.cache_benefit(request, candidate.cached_blocks)
+        cached: float = self.cache_benefit(request, candidate.cached_blocks)
         load = candidate.load
+        if candidate.shared_blocks > 0 and load.shared_load_fraction is not None:
+            reachable = request.cached_tokens(candidate.cached_blocks + candidate.shared_blocks)
+            shared = reachable - request.cached_tokens(candidate.cached_blocks)
+            cached += (1.0 - load.shared_load_fraction) * shared
         pressure = max(0.0, load.used_block_fraction - p.pressure_start) / (1.0 - p.pressure_start)
         return (
             p.prefill_weight * (request.num_prompt_tokens - cached)
