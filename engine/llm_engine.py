@@ -72,6 +72,8 @@ class LLMEngine:
         self.validate(request)
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
+        if request.kv_share is not None:
+            self.kv.pool.set_share(request.salt, request.kv_share)
         self._requests[request.request_id] = self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> list[GenerationChunk]:

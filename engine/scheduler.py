@@ -12,7 +12,9 @@ the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens`
 2. If nobody was preempted, waiting sequences are admitted first-come first-served
    while budget, ``max_num_seqs`` and blocks last, each starting from its longest
    cached prefix (see :class:`KVCacheManager.find_prefix`). No skipping: when the
-   head does not fit, admission stops.
+   head does not fit, admission stops. A waiting sequence may take another tenant's
+   reserved cached blocks only when nothing runs (running sequences always may), so
+   reservations bound the cache, not admission.
 
 Progress is guaranteed: admission guarantees every sequence fits in an empty cache,
 and the oldest running sequence can always preempt everyone younger.
@@ -109,7 +111,7 @@ class Scheduler:
             prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
             start = seq.num_computed_tokens + len(prefix) * self.kv.block_size
             n = min(seq.num_tokens - start, budget)
-            if not self.kv.allocate_slots(seq, n, prefix):
+            if not self.kv.allocate_slots(seq, n, prefix, use_reserved=not self.running):
                 return
             self.waiting.popleft()
             if seq.num_cached_tokens is None:

@@ -36,11 +36,26 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class KVShare:
+    """A tenant's share of a worker's prefix cache, sent by the gateway with its salt.
+
+    ``reserved_blocks``: cached blocks never evicted for another tenant; ``max_blocks``:
+    the most cached blocks the tenant may hold (None = no cap); ``tenant``: its name, a
+    label for metrics only.
+    """
+
+    tenant: str
+    reserved_blocks: int = 0
+    max_blocks: int | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     salt: TenantSalt | None = None  # server-derived; never from the end user
+    kv_share: KVShare | None = None  # the salt's tenant share (None = leave as it is)
 
 
 @dataclass(frozen=True)
