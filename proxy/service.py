@@ -35,7 +35,7 @@ import anyio
 
 from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy, TenantId
-from engine.api import Tokenizer
+from engine.api import KVShare, Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
 from proxy.budget import BudgetGuard
@@ -186,6 +186,8 @@ class Gateway:
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
             salt=self._salt(prep.identity.tenant_id),
             prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
+            kv_share=KVShare(prep.identity.tenant_name, prep.identity.kv_reserved_blocks,
+                             prep.identity.kv_max_blocks),
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)

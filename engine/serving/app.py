@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.api import AsyncEngineClient, EngineRejected
+from engine.api import AsyncEngineClient, EngineRejected, KVShare
 from engine.api.convert import PreparedRequest, prepare, rejection_error
 from engine.api.generation import ChoiceDelta, UsageTotals, collect, run_prepared
 from engine.kv.hashing import TenantSalt
@@ -182,12 +183,17 @@ class WorkerService:
                 code="model_not_found",
             )
         salt = request.salt_bytes()
-        return prepare(
+        prepared = prepare(
             request,
             self.engine.tokenizer(),
             self.engine.max_model_len,
             TenantSalt(salt) if salt is not None else None,
         )
+        share = request.kvtoll_kv_share
+        if share is None:
+            return prepared
+        kv_share = KVShare(share.tenant, share.reserved_blocks, share.max_blocks)
+        return dataclasses.replace(prepared, kv_share=kv_share)
 
     async def respond(self, kind: Kind, http_request: Request) -> Response:
         """Answer one chat or completions request."""

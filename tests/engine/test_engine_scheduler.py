@@ -109,3 +109,29 @@ def test_aborting_while_later_choices_wait_finishes_every_choice(tiny_model: Loa
     assert all(c.finish_reason == FinishReason.ABORT for c in chunks)
     assert not engine.has_unfinished()
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+
+
+def test_kv_share_reserves_a_tenants_prefix_under_another_tenants_flood(
+    tiny_model: LoadedModel,
+) -> None:
+    from engine.api import KVShare
+    from engine.kv.hashing import TenantSalt
+
+    engine = build_llm_engine(EngineConfig.tiny(num_kv_blocks=12), tiny_model)
+    bs = engine.block_size
+    a, b = TenantSalt(b"a" * 16), TenantSalt(b"b" * 16)
+    prompt = tuple(3 + i % 100 for i in range(3 * bs + 1))
+    with pytest.raises(EngineRejected, match="exceeds this worker's pool of 12 blocks"):
+        engine.add_request(GenerationRequest("big", prompt, GREEDY, a, KVShare("a", 13)))
+    share = KVShare("a", reserved_blocks=3)
+    engine.generate_sync([GenerationRequest("a0", prompt, GREEDY, a, share)])
+    flood = [
+        GenerationRequest(f"b{i}", tuple(100 + i * 7 + j % 50 for j in range(4 * bs)), GREEDY, b)
+        for i in range(8)
+    ]
+    for request in flood:  # each fits beside the reservation: it never has to dip into it
+        engine.generate_sync([request])
+    assert engine.kv.pool.tenants.get(b).num_evicted > 0
+    out = engine.generate_sync([GenerationRequest("a1", prompt, GREEDY, a, share)])
+    assert out["a1"][0][0].cached_tokens == 3 * bs
+    assert engine.kv.pool.tenants.get(a).num_evicted == 0
