@@ -153,6 +153,7 @@ class LLMEngine:
             num_free_blocks=self.kv.pool.num_free_blocks,
             num_total_blocks=self.kv.pool.num_blocks,
             block_size=self.kv.block_size,
+            tenants=self.kv.pool.tenants.loads(),
         )
 
     def kv_events(self, cursor: int, limit: int = 1000) -> list[KVEvent]:

@@ -81,12 +81,26 @@ class GenerationChunk:
 
 
 @dataclass(frozen=True)
+class TenantCacheLoad:
+    """One tenant's part of a worker's prefix cache (counters since the worker started)."""
+
+    tenant: str  # the name the gateway sent in its share ("" if none came yet)
+    reserved_blocks: int
+    max_blocks: int | None
+    cached_blocks: int  # blocks holding this tenant's hashes now (free or in use)
+    query_blocks: int  # prompt blocks looked up at admission
+    hit_blocks: int  # of those, found cached
+    evicted_blocks: int  # cached blocks of this tenant dropped
+
+
+@dataclass(frozen=True)
 class EngineLoad:
     num_running: int
     num_waiting: int
     num_free_blocks: int
     num_total_blocks: int
     block_size: int
+    tenants: tuple[TenantCacheLoad, ...] = ()
 
 
 class KVEventKind(enum.StrEnum):
@@ -99,6 +113,7 @@ class KVEvent:
     seq: int  # position in the worker's ordered event log
     kind: KVEventKind
     block_hashes: tuple[BlockHash, ...] = field(default_factory=tuple)
+    tenant: str = ""  # whose blocks (the share's name the gateway sent; "" if unknown)
 
 
 class EngineRejected(ValueError):

@@ -178,8 +178,8 @@ class BlockPool:
         if block.block_hash is None:
             return
         del self.cached[block.block_hash]
-        self.events.emit(KVEventKind.REMOVED, [block.block_hash])
         state = self.tenants.get(block.owner)
+        self.events.emit(KVEventKind.REMOVED, [block.block_hash], state.share.tenant)
         state.num_cached -= 1
         state.num_evicted += 1
         block.block_hash = None

@@ -149,7 +149,8 @@ class KVCacheManager:
             if self.pool.cache_block(block, seq.block_hashes[i], tokens, seq.salt):
                 stored.append(seq.block_hashes[i])
         self._num_hashed[seq.seq_id] = num_full
-        self.pool.events.emit(KVEventKind.STORED, stored)
+        tenant = self.pool.tenants.get(seq.salt).share.tenant
+        self.pool.events.emit(KVEventKind.STORED, stored, tenant)
 
     def free(self, seq: CacheableSeq) -> None:
         """Release the sequence's blocks (tail first, so its tail is evicted first)."""

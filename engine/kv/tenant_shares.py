@@ -24,10 +24,11 @@ oldest of any queue. Cost O(number of tenants with free cached blocks).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from engine.api import KVShare
+from engine.api import KVShare, TenantCacheLoad
 from engine.kv.free_queue import FreeBlockQueue, KVBlock
 from engine.kv.hashing import TenantSalt
 
@@ -45,6 +46,12 @@ class TenantCache:
     num_query_blocks: int = 0  # prompt blocks looked up at admission
     num_hit_blocks: int = 0  # of those, found in the cache
     num_evicted: int = 0  # cached blocks of this tenant dropped (any reason)
+
+    def load(self) -> TenantCacheLoad:
+        share = self.share
+        return TenantCacheLoad(share.tenant, share.reserved_blocks, share.max_blocks,
+                               self.num_cached, self.num_query_blocks, self.num_hit_blocks,
+                               self.num_evicted)
 
     def evictable_by_others(self) -> int:
         """Free cached blocks another tenant may take without breaking the reservation."""
@@ -94,6 +101,18 @@ class TenantShares:
         """A free cached block leaves its owner's queue (hit or eviction)."""
         self.get(block.owner).free.remove(block)
 
+    def loads(self) -> tuple[TenantCacheLoad, ...]:
+        """Every tenant's counters, named by its share (salted tenants never sent one are
+        summed as ``""``; unsalted requests are ``"-"``)."""
+        named: dict[str, TenantCacheLoad] = {}
+        for owner, state in self.items():
+            load = state.load()
+            label = load.tenant or ("-" if owner is None else "")
+            load = dataclasses.replace(load, tenant=label)
+            seen = named.get(label)
+            named[label] = load if seen is None else _add(seen, load)
+        return tuple(named[k] for k in sorted(named))
+
     def num_free_cached(self) -> int:
         return sum(len(t.free) for t in self._tenants.values())
 
@@ -125,6 +144,15 @@ class TenantShares:
         """Every free cached block, oldest ``freed_at`` first (tests, reset)."""
         blocks = [b for t in self._tenants.values() for b in t.free]
         return iter(sorted(blocks, key=lambda b: b.freed_at))
+
+
+def _add(a: TenantCacheLoad, b: TenantCacheLoad) -> TenantCacheLoad:
+    return dataclasses.replace(
+        a, reserved_blocks=a.reserved_blocks + b.reserved_blocks,
+        cached_blocks=a.cached_blocks + b.cached_blocks,
+        query_blocks=a.query_blocks + b.query_blocks, hit_blocks=a.hit_blocks + b.hit_blocks,
+        evicted_blocks=a.evicted_blocks + b.evicted_blocks,
+    )
 
 
 def check_share(share: KVShare, num_blocks: int) -> None:

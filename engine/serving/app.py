@@ -1,6 +1,7 @@
 """The engine worker's HTTP server (``kvtoll worker``): OpenAI chat and completions
 (streamed or whole, usage with ``prompt_tokens_details.cached_tokens``) plus what
-the proxy's prefix router reads: ``GET /kv/events`` and ``GET /load``.
+the proxy's prefix router reads: ``GET /kv/events`` and ``GET /load`` (with each
+tenant's share of the prefix cache), and ``GET /metrics`` (:mod:`engine.serving.metrics`).
 
 Workers are internal services: only the kvtoll proxy should reach them, and with a
 worker token configured (``WorkerConfig.tokens``) every request without it is
@@ -31,6 +32,7 @@ from engine.api.convert import PreparedRequest, prepare, rejection_error
 from engine.api.generation import ChoiceDelta, UsageTotals, collect, run_prepared
 from engine.kv.hashing import TenantSalt
 from engine.serving.auth import WorkerAuth
+from engine.serving.metrics import CONTENT_TYPE, WorkerMetrics
 from kvtoll.openai.errors import (
     DEFAULT_MAX_BODY_BYTES,
     SERVER_ERROR,
@@ -237,6 +239,7 @@ class WorkerService:
                     "seq": e.seq,
                     "kind": e.kind.value,
                     "block_hashes": [h.hex() for h in e.block_hashes],
+                    "tenant": e.tenant,
                 }
                 for e in events
             ],
@@ -287,6 +290,12 @@ def build_worker_app(engine: AsyncEngineClient, config: WorkerConfig | None = No
     @app.get("/load")
     async def load() -> dict[str, Any]:
         return {**asdict(engine.load()), "instance_id": service.instance_id}
+
+    metrics = WorkerMetrics(engine.load)
+
+    @app.get("/metrics")
+    async def worker_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/kv/events")
     async def kv_events(
