@@ -245,7 +245,7 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.block_size,
         max_len,
     )
-    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits)
+    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits, config.dtype)
 
 
 def build_engine(config: EngineConfig, loaded: LoadedModel | None = None) -> AsyncEngine:

@@ -42,8 +42,10 @@ class LLMEngine:
         kv: KVCacheManager,
         scheduler: Scheduler,
         limits: Limits,
+        dtype: str = "float32",
     ) -> None:
         self.model_name = model_name
+        self.dtype = dtype  # the model's and KV cache's floating-point type
         self.tokenizer = tokenizer
         self.runner = runner
         self.kv = kv

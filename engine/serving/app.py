@@ -257,6 +257,7 @@ class WorkerService:
                     "created": 0,
                     "owned_by": "kvtoll",
                     "max_model_len": self.engine.max_model_len,
+                    "kvtoll": {"dtype": self.engine.dtype},
                 }
                 for name in self.model_names
             ],
