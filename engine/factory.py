@@ -224,7 +224,8 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         # compile the kernels now, not in a request (the probe already did)
         runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
     kv = KVCacheManager(BlockPool(n_blocks, config.block_size))
-    scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
+    scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs,
+                          config.short_prefill_tokens)
     limits = Limits(
         max_len,
         config.max_n,

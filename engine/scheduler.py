@@ -16,6 +16,14 @@ the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens`
    reserved cached blocks only when nothing runs (running sequences always may), so
    reservations bound the cache, not admission.
 
+3. Short prefills first (``short_prefill_tokens`` = S > 0): a waiting sequence whose
+   prompt needs at most S uncomputed tokens after its cached prefix (a prefix-cache hit
+   with a short new part, e.g. the next turn of a conversation) is admitted ahead of the
+   queue, and while one is admitted or still prefilling, the step leaves out longer
+   prefill chunks (running ones and admissions; decodes still run), so a cached request
+   is not stuck behind another tenant's long prefills in the same step. A long prefill
+   is left out at most ``max_deferrals`` steps in a row, then it runs regardless.
+
 Progress is guaranteed: admission guarantees every sequence fits in an empty cache,
 and the oldest running sequence can always preempt everyone younger.
 
@@ -59,10 +67,19 @@ class SchedulerOutput:
 class Scheduler:
     """Decides, each step, which sequences run and with how many tokens."""
 
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        short_prefill_tokens: int = 0,
+        max_deferrals: int = 8,
+    ) -> None:
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.short_prefill_tokens = short_prefill_tokens
+        self.max_deferrals = max_deferrals
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.fan_out = FanOut()
@@ -82,16 +99,60 @@ class Scheduler:
         """Pick this step's batch (may preempt); allocates the blocks it needs."""
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        budget = self._schedule_running(scheduled, preempted)
+        short = self._short_step()
+        budget = self._schedule_running(scheduled, preempted, short)
         if not preempted:
-            self._admit_waiting(scheduled, budget)
+            self._admit_waiting(scheduled, budget, short)
+        if short and not scheduled and not preempted:  # the short one did not fit: run the rest
+            budget = self._schedule_running(scheduled, preempted, False)
+            if not preempted:
+                self._admit_waiting(scheduled, budget, False)
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
-    def _schedule_running(self, scheduled: list[ScheduledSeq], preempted: list[Sequence]) -> int:
+    def _is_short(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s prefill left (after its cached prefix, if waiting) is short."""
+        left = seq.num_uncomputed_tokens
+        if left <= self.short_prefill_tokens:
+            return True
+        if seq.status is not SeqStatus.WAITING or seq.num_computed_tokens:
+            return False
+        cached = len(self.kv.find_prefix(seq)) * self.kv.block_size
+        return left - cached <= self.short_prefill_tokens
+
+    def _short_step(self) -> bool:
+        """Move short waiting prefills to the head of the queue (stable); whether this
+        step is a short one (some short prefill runs or is admitted)."""
+        if self.short_prefill_tokens <= 0:
+            return False
+        short_waiting = [s for s in self.waiting if self._is_short(s)]
+        if short_waiting and len(short_waiting) < len(self.waiting):
+            rest = [s for s in self.waiting if not self._is_short(s)]
+            self.waiting = deque(short_waiting + rest)
+        return bool(short_waiting) or any(
+            1 < s.num_uncomputed_tokens <= self.short_prefill_tokens for s in self.running
+        )
+
+    def _defer(self, seq: Sequence, short: bool) -> bool:
+        """Leave a long prefill out of a short step (at most ``max_deferrals`` in a row)."""
+        if not short or seq.num_uncomputed_tokens <= self.short_prefill_tokens:
+            seq.num_deferrals = 0
+            return False
+        if seq.num_deferrals >= self.max_deferrals:
+            seq.num_deferrals = 0
+            return False
+        seq.num_deferrals += 1
+        return True
+
+    def _schedule_running(
+        self, scheduled: list[ScheduledSeq], preempted: list[Sequence], short: bool
+    ) -> int:
         budget = self.max_num_batched_tokens
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
+            if self._defer(seq, short):
+                idx += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.kv.can_allocate(seq, n):
                 victim = self.running.pop()
@@ -105,9 +166,11 @@ class Scheduler:
             idx += 1
         return budget
 
-    def _admit_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+    def _admit_waiting(self, scheduled: list[ScheduledSeq], budget: int, short: bool) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if short and not self._is_short(seq):
+                return
             prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
             start = seq.num_computed_tokens + len(prefix) * self.kv.block_size
             n = min(seq.num_tokens - start, budget)

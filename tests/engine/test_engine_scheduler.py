@@ -135,3 +135,35 @@ def test_kv_share_reserves_a_tenants_prefix_under_another_tenants_flood(
     out = engine.generate_sync([GenerationRequest("a1", prompt, GREEDY, a, share)])
     assert out["a1"][0][0].cached_tokens == 3 * bs
     assert engine.kv.pool.tenants.get(a).num_evicted == 0
+
+
+def test_a_cached_short_prefill_runs_ahead_of_long_prefills(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(
+        EngineConfig.tiny(max_num_batched_tokens=64, short_prefill_tokens=16), tiny_model
+    )
+    bs = engine.block_size
+    stem = tuple(3 + i % 90 for i in range(4 * bs))
+    engine.generate_sync([GenerationRequest("warm", (*stem, 7), GREEDY)])
+    engine.add_request(_req("long1", 200))
+    engine.add_request(_req("long2", 200))
+    assert _batch(engine) == [("long1", 0, 64)]
+    engine.add_request(GenerationRequest("hit", (*stem, 9, 9, 9), GREEDY))  # 4 blocks cached
+    # the hit jumps the queue and long1's next chunk waits a step: hit's prompt is done now
+    assert _batch(engine) == [("hit", 4 * bs, 3)]
+    assert _batch(engine) == [("long1", 64, 64)]  # no short prefill left: the old order
+
+
+def test_a_long_prefill_is_deferred_a_bounded_number_of_steps(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(
+        EngineConfig.tiny(max_num_batched_tokens=32, short_prefill_tokens=8), tiny_model
+    )
+    engine.scheduler.max_deferrals = 2
+    engine.add_request(_req("long", 100))
+    assert _batch(engine) == [("long", 0, 32)]
+    for i in range(3):
+        engine.add_request(_req(f"s{i}", 5))
+    assert [r for r, _, _ in _batch(engine)] == ["s0", "s1", "s2"]
+    engine.add_request(_req("s3", 5))
+    assert [r for r, _, _ in _batch(engine)] == ["s0", "s1", "s2", "s3"]  # deferred twice
+    engine.add_request(_req("s4", 5))
+    assert "long" in [r for r, _, _ in _batch(engine)]  # then it runs regardless
