@@ -13,8 +13,10 @@ the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens`
    while budget, ``max_num_seqs`` and blocks last, each starting from its longest
    cached prefix (see :class:`KVCacheManager.find_prefix`). No skipping: when the
    head does not fit, admission stops. A waiting sequence may take another tenant's
-   reserved cached blocks only when nothing runs (running sequences always may), so
-   reservations bound the cache, not admission.
+   reserved cached blocks only when nothing runs (running sequences always may), and
+   while others run it is admitted only if its whole prompt fits beside the
+   reservations and the running sequences' remaining needs; so reservations bound the
+   cache, not admission, and running prefills rarely have to break into them.
 
 3. Short prefills first (``short_prefill_tokens`` = S > 0): a waiting sequence whose
    prompt needs at most S uncomputed tokens after its cached prefix (a prefix-cache hit
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 
 from engine.api import GenerationRequest
 from engine.fanout import FanOut
+from engine.kv.free_queue import KVBlock
 from engine.kv.kv_manager import KVCacheManager
 from engine.sequence import SeqStatus, Sequence
 
@@ -172,6 +175,8 @@ class Scheduler:
             if short and not self._is_short(seq):
                 return
             prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
+            if self.running and not self._fits_beside_reservations(seq, prefix):
+                return
             start = seq.num_computed_tokens + len(prefix) * self.kv.block_size
             n = min(seq.num_tokens - start, budget)
             if not self.kv.allocate_slots(seq, n, prefix, use_reserved=not self.running):
@@ -183,6 +188,23 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(self._scheduled(seq, start, n))
             budget -= n
+
+    def _fits_beside_reservations(self, seq: Sequence, prefix: list[KVBlock]) -> bool:
+        """With reservations set, whether ``seq``'s whole prompt fits in blocks that are
+        not other tenants' reservations once every running sequence has the blocks its
+        own tokens still need (prefill chunks allocate as they go, so admitting on the
+        first chunk alone would later push running sequences into the reservations)."""
+        pool = self.kv.pool
+        if not pool.tenants.any_reserved:
+            return True
+        kv = self.kv
+        outstanding = sum(
+            max(0, kv.num_blocks_for(s.num_tokens) - len(kv.block_ids(s.seq_id)))
+            for s in self.running
+        )
+        revived = sum(1 for b in prefix if b.ref_cnt == 0)
+        need = kv.num_blocks_for(seq.num_tokens) - len(prefix) + revived
+        return need + outstanding <= pool.num_available(seq.salt, use_reserved=False)
 
     @staticmethod
     def _scheduled(seq: Sequence, start: int, n: int) -> ScheduledSeq:

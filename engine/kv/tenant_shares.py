@@ -18,8 +18,10 @@ Policy (the pool's eviction choice, :meth:`TenantShares.choose_victim`):
   only when nothing runs (so every sequence still fits an idle pool).
 
 Victim choice for tenant T: the free cached block with the oldest ``freed_at`` among the
-queues of T and of tenants above their reservation; if none and ``use_reserved``, the
-oldest of any queue. Cost O(number of tenants with free cached blocks).
+queues of tenants above their reservation (T included); else T's own least recently used
+(within its reservation: a tenant may evict its own for itself); else, if
+``use_reserved``, the oldest of any queue. Cost O(number of tenants with free cached
+blocks).
 """
 
 from __future__ import annotations
@@ -126,18 +128,23 @@ class TenantShares:
     def choose_victim(self, owner: Owner, use_reserved: bool) -> KVBlock | None:
         """The free cached block to evict so that ``owner`` gets a block (see module doc)."""
         best: KVBlock | None = None
+        own: KVBlock | None = None
         fallback: KVBlock | None = None
         for other, state in self._tenants.items():
             head = state.free.head
             if head is None:
                 continue
-            if other == owner or state.num_cached > state.share.reserved_blocks:
+            if state.num_cached > state.share.reserved_blocks:
                 if best is None or head.freed_at < best.freed_at:
                     best = head
+            elif other == owner:
+                own = head
             elif fallback is None or head.freed_at < fallback.freed_at:
                 fallback = head
         if best is not None:
             return best
+        if own is not None:
+            return own
         return fallback if use_reserved else None
 
     def cached_in_order(self) -> Iterator[KVBlock]:
