@@ -47,6 +47,7 @@ from proxy.intake import Prepared
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
+from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
@@ -369,6 +370,8 @@ def _query(prep: Prepared) -> SemanticQuery:
         tenant_id=prep.identity.tenant_id, request_id=prep.request_id, kind=prep.kind,
         model=prep.model, body=prep.body, threshold=prep.identity.semantic_threshold,
         allow_sampled=prep.identity.semantic_allow_sampled,
+        capacity=TenantCapacity(prep.identity.semantic_max_entries,
+                                prep.identity.semantic_max_bytes),
     )
 
 
