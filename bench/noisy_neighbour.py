@@ -64,6 +64,7 @@ class Sample:
 @dataclass
 class PhaseResult:
     a: list[Sample] = field(default_factory=list)
+    a_failed: int = 0
     b_done: int = 0
     b_prompt_tokens: int = 0
     b_failed: int = 0
@@ -172,8 +173,10 @@ async def run_phase(args: argparse.Namespace, phase: str, workload: Workload,
         async with AsyncExitStack() as stack:
             url = await stack.enter_async_context(serve_in_background(build_worker_app(engine)))
             client = await stack.enter_async_context(
+                # a fresh connection per request: no race with the server's keep-alive
+                # timeout closing an idle connection as a request goes out on it
                 httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(
-                    max_connections=1000, max_keepalive_connections=1000)))
+                    max_connections=1000, max_keepalive_connections=0)))
             for prefix in workload.prefixes:  # warm-up: every prefix once
                 await _send(client, _body(args, model, prefix + [5] * args.suffix_tokens,
                                           SALT_A, "a", a_share))
@@ -182,7 +185,11 @@ async def run_phase(args: argparse.Namespace, phase: str, workload: Workload,
 
             async def a_request(at: float) -> None:
                 body = _body(args, model, workload.a_prompt(), SALT_A, "a", a_share)
-                ttft, prompt, cached = await _send(client, body)
+                try:
+                    ttft, prompt, cached = await _send(client, body)
+                except (RuntimeError, httpx.HTTPError):
+                    result.a_failed += 1
+                    return
                 result.a.append(Sample(at, prompt, cached, ttft))
 
             async def b_request() -> None:
@@ -234,6 +241,7 @@ def summarize(result: PhaseResult, duration: float) -> dict[str, Any]:
     ttfts = [s.ttft_s for s in result.a]
     return {
         "a_requests": len(result.a),
+        "a_failed": result.a_failed,
         "a_hit_ratio": round(sum(s.cached_tokens for s in result.a) / max(1, prompt), 4),
         "a_ttft_p50_ms": round(1000 * statistics.median(ttfts), 2) if ttfts else None,
         "a_ttft_p99_ms": round(1000 * _pct(ttfts, 0.99), 2),

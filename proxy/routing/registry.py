@@ -94,7 +94,20 @@ def parse_load(payload: dict[str, Any]) -> WorkerLoad:
         num_waiting=int(payload.get("num_waiting", 0)),
         num_free_blocks=int(payload.get("num_free_blocks", 0)),
         num_total_blocks=int(payload.get("num_total_blocks", 0)),
+        tenant_blocks=_tenant_blocks(payload.get("tenants")),
     )
+
+
+def _tenant_blocks(raw: object) -> tuple[tuple[str, int, int], ...]:
+    """Each tenant's (name, cached, reserved) blocks from ``/load``; malformed rows skipped."""
+    rows: list[tuple[str, int, int]] = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            rows.append((str(item["tenant"]), int(item["cached_blocks"]),
+                         int(item["reserved_blocks"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(rows)
 
 
 class WorkerRegistry:

@@ -22,6 +22,8 @@ class WorkerLoad:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     pending_prefill_tokens: int = 0
+    # (tenant, cached blocks, reserved blocks) per tenant, as the worker's /load reports
+    tenant_blocks: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def num_requests(self) -> int:
