@@ -127,9 +127,10 @@ class Scheduler:
         step is a short one (some short prefill runs or is admitted)."""
         if self.short_prefill_tokens <= 0:
             return False
-        short_waiting = [s for s in self.waiting if self._is_short(s)]
+        flags = [self._is_short(s) for s in self.waiting]
+        short_waiting = [s for s, short in zip(self.waiting, flags, strict=True) if short]
         if short_waiting and len(short_waiting) < len(self.waiting):
-            rest = [s for s in self.waiting if not self._is_short(s)]
+            rest = [s for s, short in zip(self.waiting, flags, strict=True) if not short]
             self.waiting = deque(short_waiting + rest)
         return bool(short_waiting) or any(
             1 < s.num_uncomputed_tokens <= self.short_prefill_tokens for s in self.running
