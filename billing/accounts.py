@@ -42,6 +42,9 @@ class KeyIdentity:
     semantic_threshold: float | None
     semantic_allow_sampled: bool
     kv_reserved_blocks: int
+    kv_max_blocks: int | None = None
+    semantic_max_entries: int | None = None
+    semantic_max_bytes: int | None = None
 
 
 def check_tenant_name(name: str) -> str:
@@ -102,19 +105,46 @@ def set_tenant_policy(
     semantic_threshold: float | None,
     semantic_allow_sampled: bool,
     kv_reserved_blocks: int,
+    kv_max_blocks: int | None = None,
+    semantic_max_entries: int | None = None,
+    semantic_max_bytes: int | None = None,
 ) -> Tenant:
-    """Replace a tenant's cache policy (threshold ``None`` = server default)."""
+    """Replace a tenant's cache policy (threshold ``None`` = server default; KV cap
+    ``None`` = none)."""
     tenant = require_tenant(session, name)
     if semantic_threshold is not None and not 0.0 <= semantic_threshold <= 1.0:
         raise InvalidInput(f"semantic threshold must be in [0, 1], got {semantic_threshold}")
-    if isinstance(kv_reserved_blocks, bool) or kv_reserved_blocks < 0:
-        raise InvalidInput(f"kv_reserved_blocks must be >= 0, got {kv_reserved_blocks}")
+    _check_kv_blocks(kv_reserved_blocks, kv_max_blocks)
     tenant.semantic_threshold = semantic_threshold
     tenant.semantic_allow_sampled = bool(semantic_allow_sampled)
     tenant.kv_reserved_blocks = kv_reserved_blocks
+    tenant.kv_max_blocks = kv_max_blocks
+    tenant.semantic_max_entries = _check_capacity(semantic_max_entries, "semantic_max_entries")
+    tenant.semantic_max_bytes = _check_capacity(semantic_max_bytes, "semantic_max_bytes", 2**62)
     session.flush()
     log.info("tenant policy set", extra={"tenant": name})
     return tenant
+
+
+def _check_kv_blocks(reserved: int, cap: int | None) -> None:
+    """A KV share every worker could be asked for: counts in 0..MAX_LIMIT, cap >= reserved
+    (a worker refuses a reservation larger than its own pool, naming it)."""
+    if isinstance(reserved, bool) or not 0 <= reserved <= MAX_LIMIT:
+        raise InvalidInput(f"kv_reserved_blocks must be in 0..{MAX_LIMIT}, got {reserved}")
+    if cap is None:
+        return
+    if isinstance(cap, bool) or not 0 <= cap <= MAX_LIMIT:
+        raise InvalidInput(f"kv_max_blocks must be in 0..{MAX_LIMIT}, got {cap}")
+    if cap < reserved:
+        raise InvalidInput(
+            f"kv_max_blocks ({cap}) must be at least kv_reserved_blocks ({reserved})"
+        )
+
+
+def _check_capacity(value: int | None, what: str, top: int = MAX_LIMIT) -> int | None:
+    if value is not None and (isinstance(value, bool) or not 0 < value <= top):
+        raise InvalidInput(f"{what} must be a positive integer up to {top} or unset")
+    return value
 
 
 def _check_limit(value: int | None, what: str) -> int | None:
@@ -204,4 +234,7 @@ def resolve_key(session: Session, plaintext: str) -> KeyIdentity | None:
         semantic_threshold=tenant.semantic_threshold,
         semantic_allow_sampled=tenant.semantic_allow_sampled,
         kv_reserved_blocks=tenant.kv_reserved_blocks,
+        kv_max_blocks=tenant.kv_max_blocks,
+        semantic_max_entries=tenant.semantic_max_entries,
+        semantic_max_bytes=tenant.semantic_max_bytes,
     )

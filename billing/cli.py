@@ -166,8 +166,20 @@ def _add_policy_command(group: typer.Typer) -> None:
         reserved: str | None = typer.Option(
             None,
             "--kv-reserved-blocks",
-            help="KV blocks to reserve for this tenant (recorded only: the engine does not "
-            "enforce reservations yet).",
+            help="Prefix-cache blocks on each worker that other tenants never evict.",
+        ),
+        max_blocks: str | None = typer.Option(
+            None,
+            "--kv-max-blocks",
+            help="Most prefix-cache blocks the tenant may hold on a worker ('none': no cap).",
+        ),
+        semantic_entries: str | None = typer.Option(
+            None, "--semantic-max-entries",
+            help="Semantic-cache entries the tenant may hold ('none': server default).",
+        ),
+        semantic_bytes: str | None = typer.Option(
+            None, "--semantic-max-bytes",
+            help="Semantic-cache bytes the tenant may hold ('none': server default).",
         ),
     ) -> None:
         """Change a tenant's cache policy; options left out keep their value."""
@@ -182,8 +194,24 @@ def _add_policy_command(group: typer.Typer) -> None:
                 semantic_threshold=None if default_threshold else _pick(new_threshold, keep),
                 semantic_allow_sampled=_pick(allow_sampled, tenant.semantic_allow_sampled),
                 kv_reserved_blocks=_pick(new_reserved, tenant.kv_reserved_blocks),
+                kv_max_blocks=_optional(max_blocks, "--kv-max-blocks", tenant.kv_max_blocks),
+                semantic_max_entries=_optional(
+                    semantic_entries, "--semantic-max-entries", tenant.semantic_max_entries
+                ),
+                semantic_max_bytes=_optional(
+                    semantic_bytes, "--semantic-max-bytes", tenant.semantic_max_bytes
+                ),
             )
             typer.echo(f"tenant {name} policy updated")
+
+
+def _optional(text: str | None, option: str, current: int | None) -> int | None:
+    """An integer option that ``none`` clears; left out keeps ``current``."""
+    if text is None:
+        return current
+    if text.strip().lower() == "none":
+        return None
+    return _number(text, int, option)
 
 
 def _tenant_group() -> typer.Typer:
@@ -202,10 +230,12 @@ def _tenant_group() -> typer.Typer:
         with _transaction() as session:
             rows = [
                 (t.id, t.name, _iso(t.created_at), t.semantic_threshold,
-                 t.semantic_allow_sampled, t.kv_reserved_blocks)
+                 t.semantic_allow_sampled, t.kv_reserved_blocks, t.kv_max_blocks,
+                 t.semantic_max_entries, t.semantic_max_bytes)
                 for t in accounts.list_tenants(session)
             ]
-        header = ("id", "name", "created_at", "semantic_threshold", "allow_sampled", "kv_reserved")
+        header = ("id", "name", "created_at", "semantic_threshold", "allow_sampled", "kv_reserved",
+                  "kv_max", "semantic_max_entries", "semantic_max_bytes")
         _print_rows(header, rows)
 
     _add_policy_command(group)

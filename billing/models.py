@@ -108,6 +108,9 @@ class Tenant(Base):
     semantic_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
     semantic_allow_sampled: Mapped[bool] = mapped_column(Boolean, default=False)
     kv_reserved_blocks: Mapped[int] = mapped_column(Integer, default=0)
+    kv_max_blocks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # NULL: no cap
+    semantic_max_entries: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    semantic_max_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 

@@ -68,6 +68,10 @@ class AsyncEngine:
         return self.engine.block_size
 
     @property
+    def dtype(self) -> str:
+        return self.engine.dtype
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 

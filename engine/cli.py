@@ -134,7 +134,10 @@ def _serve(
     except (OSError, ValueError) as exc:
         fail(f"cannot load the model: {exc}")
     try:
-        typer.echo(f"kvtoll worker: {engine.model_name} on http://{host}:{port}", err=True)
+        typer.echo(
+            f"kvtoll worker: {engine.model_name} ({engine.dtype}) on http://{host}:{port}",
+            err=True,
+        )
         asyncio.run(serve_worker(engine, worker, host, port, log_level, registration, tls))
     finally:
         engine.shutdown()

@@ -44,6 +44,7 @@ class EngineConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     num_kv_blocks: int | None = None
     max_num_batched_tokens: int = 512
+    short_prefill_tokens: int = 64  # engine.scheduler: cached requests' short prefills first
     max_num_seqs: int = 64
     max_model_len: int | None = None
     max_n: int = 8
@@ -59,6 +60,8 @@ class EngineConfig:
         object.__setattr__(self, "device", check_device(self.device))
         # Resolved once, here: everything downstream sees a concrete dtype.
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
+        if self.short_prefill_tokens < 0:
+            raise ValueError(f"short_prefill_tokens must be >= 0, got {self.short_prefill_tokens}")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_n"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -20,13 +20,19 @@ bench/engine_throughput.py --dtypes and torch matmuls at the model's shapes:
 ``auto`` therefore picks bfloat16 on CUDA devices that support it and on CPUs with
 bf16 matrix units (x86 ``amx_bf16``, Arm ``bf16``) where oneDNN packs bf16 weights;
 on CPUs with bf16 dot products only (``avx512_bf16``) it measures a packed product in
-both dtypes at start-up (a few ms) and takes bfloat16 only if that is clearly faster;
-float32 everywhere else.
+both dtypes (a few ms) and takes bfloat16 only if that is clearly faster; float32
+everywhere else. That measurement is taken once per machine and persisted
+(:mod:`engine.dtype_probe`), so every worker started on one machine decides alike
+(a fresh timing on a busy machine could land on either side of the threshold); the
+choice and its reason are logged.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16")
 AUTO = "auto"
@@ -49,6 +55,33 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
         if sep and name.strip() in ("flags", "Features"):
             return frozenset(value.split())
     return frozenset()
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first CPU's model name (x86 ``model name``, Arm ``CPU part``); "" if unknown."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in ("model name", "CPU part"):
+            return value.strip()
+    return ""
+
+
+def persisted_bf16_speedup() -> float:
+    """This machine's packed bf16 speedup, measured once and read back on every start."""
+    import torch  # only on a bf16-capable CPU
+
+    from engine import dtype_probe
+    from engine.model import packed_linear
+
+    key = dtype_probe.machine_key(cpu_flags(), cpu_model(), torch.__version__)
+    result = dtype_probe.persisted_speedup(key, packed_linear.packed_bf16_speedup)
+    log.info("dtype auto: packed bf16 measured %.2fx float32 (%s %s)", result.bf16_speedup,
+             "now, kept in" if result.measured_now else "earlier, read from", result.path)
+    return result.bf16_speedup
 
 
 def native_bf16(device: str, flags: frozenset[str] | None = None) -> bool:
@@ -86,14 +119,16 @@ def preferred_dtype(
         return "float32"
     if MATRIX_BF16_FLAGS & (flags or frozenset()):
         return "bfloat16"
-    speedup = packed_linear.packed_bf16_speedup() if bf16_speedup is None else bf16_speedup
+    speedup = persisted_bf16_speedup() if bf16_speedup is None else bf16_speedup
     return "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
 
 
 def resolve_dtype(requested: str, device: str) -> str:
     """``requested`` itself, or :func:`preferred_dtype` for ``auto``; ValueError otherwise."""
     if requested == AUTO:
-        return preferred_dtype(device)
+        chosen = preferred_dtype(device)
+        log.info("dtype auto: %s on %s", chosen, device)
+        return chosen
     if requested not in DTYPES:
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {requested!r}")
     return requested

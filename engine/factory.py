@@ -229,7 +229,8 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     if tier is not None:
         pool.on_evict = tier.on_evict
     kv = KVCacheManager(pool, tier)
-    scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs)
+    scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs,
+                          config.short_prefill_tokens)
     limits = Limits(
         max_len,
         config.max_n,
@@ -250,7 +251,7 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         config.block_size,
         max_len,
     )
-    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits, tier)
+    return LLMEngine(lm.name, lm.tokenizer, runner, kv, scheduler, limits, config.dtype, tier)
 
 
 def build_tier(config: EngineConfig, model_name: str, runner: ModelRunner) -> KVTier:

@@ -47,9 +47,11 @@ class LLMEngine:
         kv: KVCacheManager,
         scheduler: Scheduler,
         limits: Limits,
+        dtype: str = "float32",
         tier: KVTier | None = None,
     ) -> None:
         self.model_name = model_name
+        self.dtype = dtype  # the model's and KV cache's floating-point type
         self.tier = tier  # tier 2 (engine.kv.tier); None: off
         self.tokenizer = tokenizer
         self.runner = runner
@@ -79,6 +81,8 @@ class LLMEngine:
         self.validate(request)
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
+        if request.kv_share is not None:
+            self.kv.pool.set_share(request.salt, request.kv_share)
         self._requests[request.request_id] = self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> list[GenerationChunk]:
@@ -165,6 +169,7 @@ class LLMEngine:
             num_total_blocks=self.kv.pool.num_blocks,
             block_size=self.kv.block_size,
             tier_load_fraction=self.tier.shared_load_fraction() if self.tier else None,
+            tenants=self.kv.pool.tenants.loads(),
         )
 
     def kv_events(self, cursor: int, limit: int = 1000) -> list[KVEvent]:

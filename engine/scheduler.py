@@ -12,7 +12,19 @@ the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens`
 2. If nobody was preempted, waiting sequences are admitted first-come first-served
    while budget, ``max_num_seqs`` and blocks last, each starting from its longest
    cached prefix (see :class:`KVCacheManager.find_prefix`). No skipping: when the
-   head does not fit, admission stops.
+   head does not fit, admission stops. A waiting sequence may take another tenant's
+   reserved cached blocks only when nothing runs (running sequences always may), and
+   while others run it is admitted only if its whole prompt fits beside the
+   reservations and the running sequences' remaining needs; so reservations bound the
+   cache, not admission, and running prefills rarely have to break into them.
+
+3. Short prefills first (``short_prefill_tokens`` = S > 0): a waiting sequence whose
+   prompt needs at most S uncomputed tokens after its cached prefix (a prefix-cache hit
+   with a short new part, e.g. the next turn of a conversation) is admitted ahead of the
+   queue, and while one is admitted or still prefilling, the step leaves out longer
+   prefill chunks (running ones and admissions; decodes still run), so a cached request
+   is not stuck behind another tenant's long prefills in the same step. A long prefill
+   is left out at most ``max_deferrals`` steps in a row, then it runs regardless.
 
 Progress is guaranteed: admission guarantees every sequence fits in an empty cache,
 and the oldest running sequence can always preempt everyone younger.
@@ -29,6 +41,7 @@ from dataclasses import dataclass
 
 from engine.api import GenerationRequest
 from engine.fanout import FanOut
+from engine.kv.free_queue import KVBlock
 from engine.kv.kv_manager import KVCacheManager
 from engine.sequence import SeqStatus, Sequence
 
@@ -57,10 +70,19 @@ class SchedulerOutput:
 class Scheduler:
     """Decides, each step, which sequences run and with how many tokens."""
 
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        short_prefill_tokens: int = 0,
+        max_deferrals: int = 8,
+    ) -> None:
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.short_prefill_tokens = short_prefill_tokens
+        self.max_deferrals = max_deferrals
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.fan_out = FanOut()
@@ -80,16 +102,61 @@ class Scheduler:
         """Pick this step's batch (may preempt); allocates the blocks it needs."""
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        budget = self._schedule_running(scheduled, preempted)
+        short = self._short_step()
+        budget = self._schedule_running(scheduled, preempted, short)
         if not preempted:
-            self._admit_waiting(scheduled, budget)
+            self._admit_waiting(scheduled, budget, short)
+        if short and not scheduled and not preempted:  # the short one did not fit: run the rest
+            budget = self._schedule_running(scheduled, preempted, False)
+            if not preempted:
+                self._admit_waiting(scheduled, budget, False)
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
-    def _schedule_running(self, scheduled: list[ScheduledSeq], preempted: list[Sequence]) -> int:
+    def _is_short(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s prefill left (after its cached prefix, if waiting) is short."""
+        left = seq.num_uncomputed_tokens
+        if left <= self.short_prefill_tokens:
+            return True
+        if seq.status is not SeqStatus.WAITING or seq.num_computed_tokens:
+            return False
+        cached = len(self.kv.find_prefix(seq)) * self.kv.block_size
+        return left - cached <= self.short_prefill_tokens
+
+    def _short_step(self) -> bool:
+        """Move short waiting prefills to the head of the queue (stable); whether this
+        step is a short one (some short prefill runs or is admitted)."""
+        if self.short_prefill_tokens <= 0:
+            return False
+        flags = [self._is_short(s) for s in self.waiting]
+        short_waiting = [s for s, short in zip(self.waiting, flags, strict=True) if short]
+        if short_waiting and len(short_waiting) < len(self.waiting):
+            rest = [s for s, short in zip(self.waiting, flags, strict=True) if not short]
+            self.waiting = deque(short_waiting + rest)
+        return bool(short_waiting) or any(
+            1 < s.num_uncomputed_tokens <= self.short_prefill_tokens for s in self.running
+        )
+
+    def _defer(self, seq: Sequence, short: bool) -> bool:
+        """Leave a long prefill out of a short step (at most ``max_deferrals`` in a row)."""
+        if not short or seq.num_uncomputed_tokens <= self.short_prefill_tokens:
+            seq.num_deferrals = 0
+            return False
+        if seq.num_deferrals >= self.max_deferrals:
+            seq.num_deferrals = 0
+            return False
+        seq.num_deferrals += 1
+        return True
+
+    def _schedule_running(
+        self, scheduled: list[ScheduledSeq], preempted: list[Sequence], short: bool
+    ) -> int:
         budget = self.max_num_batched_tokens
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
+            if self._defer(seq, short):
+                idx += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.kv.can_allocate(seq, n):
                 victim = self.running.pop()
@@ -103,13 +170,17 @@ class Scheduler:
             idx += 1
         return budget
 
-    def _admit_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+    def _admit_waiting(self, scheduled: list[ScheduledSeq], budget: int, short: bool) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if short and not self._is_short(seq):
+                return
             prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
+            if self.running and not self._fits_beside_reservations(seq, prefix):
+                return
             start = seq.num_computed_tokens + len(prefix) * self.kv.block_size
             n = min(seq.num_tokens - start, budget)
-            if not self.kv.allocate_slots(seq, n, prefix):
+            if not self.kv.allocate_slots(seq, n, prefix, use_reserved=not self.running):
                 return
             self.waiting.popleft()
             if seq.num_cached_tokens is None:
@@ -118,6 +189,23 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(self._scheduled(seq, start, n))
             budget -= n
+
+    def _fits_beside_reservations(self, seq: Sequence, prefix: list[KVBlock]) -> bool:
+        """With reservations set, whether ``seq``'s whole prompt fits in blocks that are
+        not other tenants' reservations once every running sequence has the blocks its
+        own tokens still need (prefill chunks allocate as they go, so admitting on the
+        first chunk alone would later push running sequences into the reservations)."""
+        pool = self.kv.pool
+        if not pool.tenants.any_reserved:
+            return True
+        kv = self.kv
+        outstanding = sum(
+            max(0, kv.num_blocks_for(s.num_tokens) - len(kv.block_ids(s.seq_id)))
+            for s in self.running
+        )
+        revived = sum(1 for b in prefix if b.ref_cnt == 0)
+        need = kv.num_blocks_for(seq.num_tokens) - len(prefix) + revived
+        return need + outstanding <= pool.num_available(seq.salt, use_reserved=False)
 
     @staticmethod
     def _scheduled(seq: Sequence, start: int, n: int) -> ScheduledSeq:

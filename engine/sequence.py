@@ -57,6 +57,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     detok: DetokState = field(default_factory=DetokState)
     num_preemptions: int = 0
+    num_deferrals: int = 0  # steps in a row its long prefill was left out (scheduler)
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from engine.api import EngineRejected, GenerationRequest, SamplingParams
+from engine.kv.tenant_shares import check_share
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
             f"{n_prompt} prompt tokens + max_tokens {req.sampling.max_tokens} = {total} exceed the "
             f"context of {limits.max_model_len} tokens",
         )
+    if req.kv_share is not None:
+        try:
+            check_share(req.kv_share, limits.num_kv_blocks)
+        except ValueError as exc:
+            raise _reject("kvtoll_kv_share", str(exc)) from None
     blocks = -(-total // limits.block_size)
     if blocks > limits.num_kv_blocks:
         raise _reject(

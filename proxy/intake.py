@@ -40,7 +40,9 @@ Kind = Literal["chat", "completion"]
 
 
 # What admission settles in the parsed request: no client salt, one max_tokens.
-_ADMITTED_FIELDS: dict[str, Any] = {"cache_salt": None, "max_completion_tokens": None}
+_ADMITTED_FIELDS: dict[str, Any] = {
+    "cache_salt": None, "kvtoll_kv_share": None, "max_completion_tokens": None
+}
 
 
 def _admitted_request(request: OpenAIRequest, max_tokens: int) -> OpenAIRequest:

@@ -35,7 +35,7 @@ import anyio
 
 from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy, TenantId
-from engine.api import Tokenizer
+from engine.api import KVShare, Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
 from proxy.budget import BudgetGuard
@@ -47,6 +47,7 @@ from proxy.intake import Prepared
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
+from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
@@ -186,6 +187,8 @@ class Gateway:
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
             salt=self._salt(prep.identity.tenant_id),
             prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
+            kv_share=KVShare(prep.identity.tenant_name, prep.identity.kv_reserved_blocks,
+                             prep.identity.kv_max_blocks),
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query)
@@ -367,6 +370,8 @@ def _query(prep: Prepared) -> SemanticQuery:
         tenant_id=prep.identity.tenant_id, request_id=prep.request_id, kind=prep.kind,
         model=prep.model, body=prep.body, threshold=prep.identity.semantic_threshold,
         allow_sampled=prep.identity.semantic_allow_sampled,
+        capacity=TenantCapacity(prep.identity.semantic_max_entries,
+                                prep.identity.semantic_max_bytes),
     )
 
 

@@ -104,8 +104,12 @@ def prepare_database(url: str) -> sessionmaker[Session]:
 
 
 def worker_models(urls: tuple[str, ...], link: WorkerLink | None = None) -> list[str]:
-    """Model ids the workers serve (``GET /v1/models``), in first-seen order."""
+    """Model ids the workers serve (``GET /v1/models``), in first-seen order;
+    :class:`StackError` when workers serve one model in different dtypes (kvtoll workers
+    name theirs in ``data[i].kvtoll.dtype``), since one prompt would then get different
+    answers depending on the worker."""
     found: list[str] = []
+    dtypes: dict[str, dict[str, list[str]]] = {}  # model -> dtype -> worker urls
     options = (link or WorkerLink()).httpx_options()
     for url in urls:
         try:
@@ -113,14 +117,35 @@ def worker_models(urls: tuple[str, ...], link: WorkerLink | None = None) -> list
             refused = response.status_code == 401
             if not refused:
                 response.raise_for_status()
-                ids = [str(m["id"]) for m in response.json()["data"]]
+                listed = response.json()["data"]
+                ids = [str(m["id"]) for m in listed]
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
             raise StackError(f"cannot list the models of worker {url}: {exc}") from exc
         if refused:
             raise StackError(f"worker {url} refused the worker token (401): give the gateway "
                              "the token the workers accept (KVTOLL_WORKER_TOKEN)")
+        for model_id, entry in zip(ids, listed, strict=True):
+            dtype = _listed_dtype(entry)
+            if dtype is not None:
+                dtypes.setdefault(model_id, {}).setdefault(dtype, []).append(url)
         found += [m for m in ids if m not in found]
+    check_one_dtype_per_model(dtypes)
     return found
+
+
+def _listed_dtype(entry: object) -> str | None:
+    extra = entry.get("kvtoll") if isinstance(entry, dict) else None
+    dtype = extra.get("dtype") if isinstance(extra, dict) else None
+    return str(dtype) if dtype else None
+
+
+def check_one_dtype_per_model(dtypes: dict[str, dict[str, list[str]]]) -> None:
+    """:class:`StackError` naming the workers of a model served in more than one dtype."""
+    for model_id, by_dtype in dtypes.items():
+        if len(by_dtype) > 1:
+            parts = "; ".join(f"{d} on {', '.join(urls)}" for d, urls in sorted(by_dtype.items()))
+            raise StackError(f"workers serve {model_id} in different dtypes ({parts}): one "
+                             "prompt would get different answers; start them with one --dtype")
 
 
 def worker_link(settings: Settings) -> WorkerLink:

@@ -36,11 +36,26 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class KVShare:
+    """A tenant's share of a worker's prefix cache, sent by the gateway with its salt.
+
+    ``reserved_blocks``: cached blocks never evicted for another tenant; ``max_blocks``:
+    the most cached blocks the tenant may hold (None = no cap); ``tenant``: its name, a
+    label for metrics only.
+    """
+
+    tenant: str
+    reserved_blocks: int = 0
+    max_blocks: int | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     salt: TenantSalt | None = None  # server-derived; never from the end user
+    kv_share: KVShare | None = None  # the salt's tenant share (None = leave as it is)
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,19 @@ class GenerationChunk:
 
 
 @dataclass(frozen=True)
+class TenantCacheLoad:
+    """One tenant's part of a worker's prefix cache (counters since the worker started)."""
+
+    tenant: str  # the name the gateway sent in its share ("" if none came yet)
+    reserved_blocks: int
+    max_blocks: int | None
+    cached_blocks: int  # blocks holding this tenant's hashes now (free or in use)
+    query_blocks: int  # prompt blocks looked up at admission
+    hit_blocks: int  # of those, found cached
+    evicted_blocks: int  # cached blocks of this tenant dropped
+
+
+@dataclass(frozen=True)
 class EngineLoad:
     num_running: int
     num_waiting: int
@@ -75,6 +103,7 @@ class EngineLoad:
     # Shared KV tier (engine.kv.tier): measured cost of loading a block over the cost of
     # recomputing it (a prior until measured); None when the worker has no shared tier.
     tier_load_fraction: float | None = None
+    tenants: tuple[TenantCacheLoad, ...] = ()
 
 
 class KVEventKind(enum.StrEnum):
@@ -87,6 +116,7 @@ class KVEvent:
     seq: int  # position in the worker's ordered event log
     kind: KVEventKind
     block_hashes: tuple[BlockHash, ...] = field(default_factory=tuple)
+    tenant: str = ""  # whose blocks (the share's name the gateway sent; "" if unknown)
 
 
 class EngineRejected(ValueError):
@@ -101,6 +131,11 @@ class AsyncEngineClient(Protocol):
 
     @property
     def block_size(self) -> int: ...
+
+    @property
+    def dtype(self) -> str:
+        """The floating-point type the model runs in (``float32``, ``bfloat16``)."""
+        ...
 
     @property
     def max_model_len(self) -> int: ...

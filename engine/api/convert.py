@@ -22,7 +22,7 @@ from typing import Literal
 
 from jinja2 import TemplateError
 
-from engine.api import EngineRejected, SamplingParams, Tokenizer
+from engine.api import EngineRejected, KVShare, SamplingParams, Tokenizer
 from engine.kv.hashing import TenantSalt
 from kvtoll.openai.errors import OpenAIError
 from kvtoll.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
@@ -39,6 +39,7 @@ class PreparedRequest:
     prompts: tuple[tuple[int, ...], ...]
     sampling: SamplingParams
     salt: TenantSalt | None
+    kv_share: KVShare | None = None  # the salt's tenant share of the prefix cache
 
     @property
     def num_choices(self) -> int:

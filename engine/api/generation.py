@@ -139,7 +139,9 @@ async def run_prepared(
     """
     ids = engine_request_ids(request_id, len(prepared.prompts))
     streams = [
-        engine.generate(GenerationRequest(rid, prompt, prepared.sampling, prepared.salt))
+        engine.generate(
+            GenerationRequest(rid, prompt, prepared.sampling, prepared.salt, prepared.kv_share)
+        )
         for rid, prompt in zip(ids, prepared.prompts, strict=True)
     ]
     want_logprobs = prepared.sampling.logprobs is not None

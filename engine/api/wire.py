@@ -8,7 +8,8 @@ Announcement: key ``{prefix}workers:{name}`` holding JSON ``{"url", "kv_events",
 expires_at), so only a holder of the token can register a worker and a copied record
 works only for the same name and URL until it expires. KV events: stream
 ``{prefix}kv:{name}``, one entry per engine event with fields ``instance``, ``seq``,
-``kind`` and ``hashes`` (comma-separated hex block hashes).
+``kind``, ``hashes`` (comma-separated hex block hashes) and, for a tenant the gateway
+named in its share, ``tenant``.
 """
 
 from __future__ import annotations
@@ -101,4 +102,5 @@ def event_fields(instance_id: str, event: KVEvent) -> dict[str, str]:
         "seq": str(event.seq),
         "kind": event.kind.value,
         "hashes": ",".join(h.hex() for h in event.block_hashes),
+        **({"tenant": event.tenant} if event.tenant else {}),
     }

@@ -22,12 +22,12 @@ class KVEventLog:
         self._next_seq = 0
         self._lock = threading.Lock()
 
-    def emit(self, kind: KVEventKind, block_hashes: list[BlockHash]) -> None:
-        """Record one event (no-op for an empty hash list)."""
+    def emit(self, kind: KVEventKind, block_hashes: list[BlockHash], tenant: str = "") -> None:
+        """Record one event (no-op for an empty hash list); ``tenant``: whose blocks."""
         if not block_hashes:
             return
         with self._lock:
-            self._events.append(KVEvent(self._next_seq, kind, tuple(block_hashes)))
+            self._events.append(KVEvent(self._next_seq, kind, tuple(block_hashes), tenant))
             self._next_seq += 1
 
     def since(self, cursor: int, limit: int = 1000) -> list[KVEvent]:

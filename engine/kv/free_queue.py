@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NewType
 
-from engine.kv.hashing import BlockHash
+from engine.kv.hashing import BlockHash, TenantSalt
 
 BlockId = NewType("BlockId", int)
 
@@ -27,6 +27,8 @@ class KVBlock:
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
     token_ids: tuple[int, ...] = ()  # the tokens whose K/V it holds, once full and cached
+    owner: TenantSalt | None = None  # the salt of the tenant whose hash it holds
+    freed_at: int = 0  # when its ref count last fell to 0 (orders LRU across tenants)
     prev: KVBlock | None = field(default=None, repr=False)
     next: KVBlock | None = field(default=None, repr=False)
     in_free_queue: bool = False
@@ -44,6 +46,11 @@ class FreeBlockQueue:
 
     def __len__(self) -> int:
         return self._len
+
+    @property
+    def head(self) -> KVBlock | None:
+        """The block :meth:`popleft` would return, or None."""
+        return self._head
 
     def __iter__(self) -> Iterator[KVBlock]:
         node = self._head

@@ -9,7 +9,9 @@
 Check-then-act: :meth:`KVCacheManager.allocate_slots` returns False (and changes
 nothing) when the pool cannot supply the blocks; the scheduler then preempts.
 A prefix hit re-checks the cached block's token ids and never covers the last
-token of a sequence (its logits must be computed). The manager reads a sequence's
+token of a sequence (its logits must be computed). Blocks are allocated for the
+sequence's tenant (its salt): ``use_reserved=False`` keeps other tenants' reserved
+cached blocks out of reach (:mod:`engine.kv.tenant_shares`). The manager reads a sequence's
 progress (``num_computed_tokens``) and never writes it: the scheduler does.
 """
 
@@ -102,13 +104,21 @@ class KVCacheManager:
         return hits
 
     def can_allocate(
-        self, seq: CacheableSeq, num_new_tokens: int, prefix: Sequence[KVBlock] = ()
+        self,
+        seq: CacheableSeq,
+        num_new_tokens: int,
+        prefix: Sequence[KVBlock] = (),
+        use_reserved: bool = True,
     ) -> bool:
         """Whether :meth:`allocate_slots` would succeed."""
-        return self._blocks_short(seq, num_new_tokens, prefix) <= 0
+        return self._blocks_short(seq, num_new_tokens, prefix, use_reserved) <= 0
 
     def allocate_slots(
-        self, seq: CacheableSeq, num_new_tokens: int, prefix: Sequence[KVBlock] = ()
+        self,
+        seq: CacheableSeq,
+        num_new_tokens: int,
+        prefix: Sequence[KVBlock] = (),
+        use_reserved: bool = True,
     ) -> bool:
         """Make room for ``num_new_tokens`` more tokens, first adopting ``prefix`` blocks.
 
@@ -121,15 +131,17 @@ class KVCacheManager:
             raise RuntimeError(
                 f"seq {seq.seq_id}: prefix given to a sequence that already has blocks"
             )
-        if self._blocks_short(seq, num_new_tokens, prefix) > 0:
+        if self._blocks_short(seq, num_new_tokens, prefix, use_reserved) > 0:
             return False
+        if seq.seq_id not in self._tables:
+            self._count_lookup(seq, len(prefix))
         if prefix:
             self.pool.touch(list(prefix))
             table = table + list(prefix)
         total = seq.num_computed_tokens + len(prefix) * self.block_size + num_new_tokens
         need = self.num_blocks_for(total) - len(table)
         if need > 0:
-            table = table + self.pool.allocate(need)
+            table = table + self.pool.allocate(need, seq.salt, use_reserved)
         if need > 0 or prefix or seq.seq_id not in self._tables:
             self._tables[seq.seq_id] = table
             self._ids[seq.seq_id] = tuple(b.block_id for b in table)
@@ -152,11 +164,12 @@ class KVCacheManager:
             if block.block_hash is not None:
                 continue
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            if self.pool.cache_block(block, seq.block_hashes[i], tokens):
+            if self.pool.cache_block(block, seq.block_hashes[i], tokens, seq.salt):
                 stored.append(seq.block_hashes[i])
                 stored_blocks.append(block)
         self._num_hashed[seq.seq_id] = num_full
-        self.pool.events.emit(KVEventKind.STORED, stored)
+        tenant = self.pool.tenants.get(seq.salt).share.tenant
+        self.pool.events.emit(KVEventKind.STORED, stored, tenant)
         if self.tier is not None and stored_blocks:
             self.tier.note_cached(stored_blocks, seq.salt)
 
@@ -167,11 +180,21 @@ class KVCacheManager:
         self._num_hashed.pop(seq.seq_id, None)
         self.pool.free(list(reversed(table)))
 
+    def _count_lookup(self, seq: CacheableSeq, num_hit_blocks: int) -> None:
+        """Per-tenant hit counters, once per admission (metrics)."""
+        state = self.pool.tenants.get(seq.salt)
+        state.num_query_blocks += max(0, (len(seq.token_ids) - 1) // self.block_size)
+        state.num_hit_blocks += num_hit_blocks
+
     def _blocks_short(
-        self, seq: CacheableSeq, num_new_tokens: int, prefix: Sequence[KVBlock]
+        self,
+        seq: CacheableSeq,
+        num_new_tokens: int,
+        prefix: Sequence[KVBlock],
+        use_reserved: bool,
     ) -> int:
         table = self._tables.get(seq.seq_id, [])
         total = seq.num_computed_tokens + len(prefix) * self.block_size + num_new_tokens
         need = max(0, self.num_blocks_for(total) - len(table) - len(prefix))
         revived = sum(1 for b in prefix if b.ref_cnt == 0)
-        return need + revived - self.pool.num_free_blocks
+        return need + revived - self.pool.num_available(seq.salt, use_reserved)

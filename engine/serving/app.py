@@ -1,6 +1,7 @@
 """The engine worker's HTTP server (``kvtoll worker``): OpenAI chat and completions
 (streamed or whole, usage with ``prompt_tokens_details.cached_tokens``) plus what
-the proxy's prefix router reads: ``GET /kv/events`` and ``GET /load``.
+the proxy's prefix router reads: ``GET /kv/events`` and ``GET /load`` (with each
+tenant's share of the prefix cache), and ``GET /metrics`` (:mod:`engine.serving.metrics`).
 
 Workers are internal services: only the kvtoll proxy should reach them, and with a
 worker token configured (``WorkerConfig.tokens``) every request without it is
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -25,11 +27,12 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.api import AsyncEngineClient, EngineRejected
+from engine.api import AsyncEngineClient, EngineRejected, KVShare
 from engine.api.convert import PreparedRequest, prepare, rejection_error
 from engine.api.generation import ChoiceDelta, UsageTotals, collect, run_prepared
 from engine.kv.hashing import TenantSalt
 from engine.serving.auth import WorkerAuth
+from engine.serving.metrics import CONTENT_TYPE, WorkerMetrics
 from kvtoll.openai.errors import (
     DEFAULT_MAX_BODY_BYTES,
     SERVER_ERROR,
@@ -182,12 +185,17 @@ class WorkerService:
                 code="model_not_found",
             )
         salt = request.salt_bytes()
-        return prepare(
+        prepared = prepare(
             request,
             self.engine.tokenizer(),
             self.engine.max_model_len,
             TenantSalt(salt) if salt is not None else None,
         )
+        share = request.kvtoll_kv_share
+        if share is None:
+            return prepared
+        kv_share = KVShare(share.tenant, share.reserved_blocks, share.max_blocks)
+        return dataclasses.replace(prepared, kv_share=kv_share)
 
     async def respond(self, kind: Kind, http_request: Request) -> Response:
         """Answer one chat or completions request."""
@@ -231,6 +239,7 @@ class WorkerService:
                     "seq": e.seq,
                     "kind": e.kind.value,
                     "block_hashes": [h.hex() for h in e.block_hashes],
+                    "tenant": e.tenant,
                 }
                 for e in events
             ],
@@ -248,6 +257,7 @@ class WorkerService:
                     "created": 0,
                     "owned_by": "kvtoll",
                     "max_model_len": self.engine.max_model_len,
+                    "kvtoll": {"dtype": self.engine.dtype},
                 }
                 for name in self.model_names
             ],
@@ -259,8 +269,8 @@ def build_worker_app(
     config: WorkerConfig | None = None,
     metrics: Callable[[], str] | None = None,
 ) -> FastAPI:
-    """The worker's FastAPI app around an already-built engine; ``metrics``: the
-    Prometheus text ``GET /metrics`` serves (tier 2's counters), if any."""
+    """The worker's FastAPI app around an already-built engine; ``metrics``: more
+    Prometheus text (tier 2's counters) that ``GET /metrics`` serves after the engine's."""
     service = WorkerService(engine, config or WorkerConfig())
     app = FastAPI(title="kvtoll worker", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
@@ -287,11 +297,15 @@ def build_worker_app(
     async def load() -> dict[str, Any]:
         return {**asdict(engine.load()), "instance_id": service.instance_id}
 
-    if metrics is not None:
+    worker_metrics = WorkerMetrics(engine.load)
+    extra_metrics = metrics  # tier 2's counters, appended after the engine's own
 
-        @app.get("/metrics")
-        async def metrics_route() -> Response:
-            return Response(metrics(), media_type="text/plain; version=0.0.4")
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        body = worker_metrics.render()
+        if extra_metrics is not None:
+            body += extra_metrics().encode()
+        return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/kv/events")
     async def kv_events(

@@ -14,7 +14,9 @@ Policy on fields:
 * ``cache_salt`` (vLLM's name) is how the kvtoll proxy hands the *server-derived*
   tenant salt (hex) to a worker. The proxy must drop any client-sent value
   (:func:`strip_client_salt`) before setting its own; workers are internal
-  services that only the proxy may reach.
+  services that only the proxy may reach. ``kvtoll_kv_share`` travels beside it
+  the same way: the tenant's share of the worker's prefix cache
+  (``{"tenant", "reserved_blocks", "max_blocks"}``), set by the proxy only.
 * Accepted and ignored (harmless): ``user``, ``metadata``, ``store``,
   ``service_tier``, ``parallel_tool_calls``. Accepted as JSON and left to the
   upstream: ``tools``, ``tool_choice``, ``response_format``, ``logit_bias``,
@@ -56,7 +58,8 @@ UPSTREAM_PICKING_FIELDS = frozenset(
         "url",
     }
 )
-SALT_FIELDS = frozenset({"cache_salt"})
+SALT_FIELDS = frozenset({"cache_salt", "kvtoll_kv_share"})
+MAX_KV_BLOCKS = 2**31 - 1
 
 StrictStr = Annotated[str, Strict()]
 StrictBool = Annotated[bool, Strict()]
@@ -82,6 +85,17 @@ class _Model(BaseModel):
 
 class StreamOptions(_Model):
     include_usage: StrictBool = False
+
+
+KVBlocks = Annotated[int, Strict(), Field(ge=0, le=MAX_KV_BLOCKS)]
+
+
+class KVShareField(_Model):
+    """``kvtoll_kv_share``: the tenant's share of a worker's prefix cache (proxy only)."""
+
+    tenant: Annotated[str, Strict(), Field(max_length=64)]
+    reserved_blocks: KVBlocks = 0
+    max_blocks: KVBlocks | None = None
 
 
 class TextContentPart(_Model):
@@ -144,6 +158,7 @@ class _SamplingFields(_Model):
     ignore_eos: StrictBool = False  # extension (vLLM)
     stop_token_ids: list[TokenId] | None = None  # extension (vLLM)
     cache_salt: SaltHex | None = None  # server-derived tenant salt, set by the proxy only
+    kvtoll_kv_share: KVShareField | None = None  # the salt's tenant share, proxy only
 
     def stop_strings(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings."""

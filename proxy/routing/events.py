@@ -42,13 +42,16 @@ class EventBatch:
     instance_id: str | None
 
 
-def parse_event(seq: object, kind: object, hashes: Sequence[object]) -> KVEvent:
+def parse_event(
+    seq: object, kind: object, hashes: Sequence[object], tenant: object = ""
+) -> KVEvent:
     """One event from wire values; ``ValueError`` when malformed."""
     try:
         return KVEvent(
             int(str(seq)),
             KVEventKind(str(kind)),
             tuple(BlockHash(bytes.fromhex(str(h))) for h in hashes),
+            str(tenant or ""),
         )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"malformed KV event: {exc}") from exc
@@ -57,7 +60,8 @@ def parse_event(seq: object, kind: object, hashes: Sequence[object]) -> KVEvent:
 def parse_events_payload(payload: dict[str, Any]) -> EventBatch:
     """A ``GET /kv/events`` body."""
     events = tuple(
-        parse_event(e["seq"], e["kind"], e.get("block_hashes", ())) for e in payload["events"]
+        parse_event(e["seq"], e["kind"], e.get("block_hashes", ()), e.get("tenant", ""))
+        for e in payload["events"]
     )
     instance = payload.get("instance_id")
     return EventBatch(events, int(payload["next_cursor"]), str(instance) if instance else None)
@@ -151,7 +155,7 @@ class RedisEventConsumer:
             fields = {_text(k): _text(v) for k, v in raw.items()}
             self._last_ids[worker_id] = _text(entry_id)
             hashes = [h for h in fields.get("hashes", "").split(",") if h]
-            event = parse_event(fields.get("seq"), fields.get("kind"), hashes)
+            event = parse_event(fields.get("seq"), fields.get("kind"), hashes, fields.get("tenant"))
             instance = fields.get("instance", "")
             if self._instances.get(worker_id, instance) != instance:
                 log.info("worker %s restarted: resetting its prefix index", worker_id)

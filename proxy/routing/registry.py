@@ -95,6 +95,7 @@ def parse_load(payload: dict[str, Any]) -> WorkerLoad:
         num_free_blocks=int(payload.get("num_free_blocks", 0)),
         num_total_blocks=int(payload.get("num_total_blocks", 0)),
         shared_load_fraction=_fraction(payload.get("tier_load_fraction")),
+        tenant_blocks=_tenant_blocks(payload.get("tenants")),
     )
 
 
@@ -103,6 +104,18 @@ def _fraction(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return min(1.0, max(0.0, float(value)))
+
+
+def _tenant_blocks(raw: object) -> tuple[tuple[str, int, int], ...]:
+    """Each tenant's (name, cached, reserved) blocks from ``/load``; malformed rows skipped."""
+    rows: list[tuple[str, int, int]] = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            rows.append((str(item["tenant"]), int(item["cached_blocks"]),
+                         int(item["reserved_blocks"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(rows)
 
 
 class WorkerRegistry:

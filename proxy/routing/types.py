@@ -25,6 +25,8 @@ class WorkerLoad:
     # The worker's shared KV tier: a block there costs this fraction of recomputing it
     # (its measured load cost); None = no shared tier.
     shared_load_fraction: float | None = None
+    # (tenant, cached blocks, reserved blocks) per tenant, as the worker's /load reports
+    tenant_blocks: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def num_requests(self) -> int:

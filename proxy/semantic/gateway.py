@@ -25,6 +25,8 @@ class SemanticCacheAdapter:
 
     async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
         """Offer a complete answer, stored as the OpenAI object a client received."""
+        if query.capacity is not None:
+            self.cache.set_capacity(query.tenant_id, query.capacity)
         await self.cache.store(query.tenant_id, query.body,
                                answer.as_response(query.kind, query.model),
                                allow_sampled=query.allow_sampled)

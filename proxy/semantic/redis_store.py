@@ -7,6 +7,8 @@ Layout (``p`` = key prefix, ``t`` = tenant id):
 * ``p lru:t``      sorted set id -> last hit (or creation): LRU eviction order
 * ``p exp:t``      sorted set id -> expiry: the TTL sweep
 * ``p tenants``    set of tenant ids with entries
+* ``p bytes``      hash tenant -> bytes its entries take (each entry's ``size`` field;
+                   limits and eviction: :mod:`proxy.semantic.capacity`)
 * ``p feed``       stream of changes (put / delete / flush, with the writer's origin),
                    capped near ``feed_maxlen``; each replica follows it to keep its
                    FAISS mirror in sync and skips its own events
@@ -26,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from proxy.semantic.capacity import entry_size
 from proxy.semantic.keys import PartitionKey
 from proxy.semantic.store import CacheEntry, ChangeEvent, Clock, EntryId, StoreConfig
 
@@ -65,6 +68,7 @@ class RedisStore:
             url, socket_connect_timeout=connect_timeout_s, socket_timeout=socket_timeout_s
         )
         self._hit_script = self._redis.register_script(_HIT_SCRIPT)
+        self.capacity = self._config.capacity_table()
 
     @property
     def config(self) -> StoreConfig:
@@ -91,6 +95,7 @@ class RedisStore:
     async def put(self, entry: CacheEntry) -> list[EntryId]:
         async def run() -> list[EntryId]:
             t = entry.tenant_id
+            size = entry_size(entry)
             vec = np.asarray(entry.vector, dtype=np.float32).tobytes()
             key = self._entry_key(t, entry.entry_id)
             pipe = self._redis.pipeline(transaction=True)
@@ -98,7 +103,9 @@ class RedisStore:
                 "prompt": entry.prompt, "partition": entry.partition, "vec": vec,
                 "answer": json.dumps(entry.answer), "created": entry.created_at,
                 "expires": entry.expires_at, "last_hit": entry.last_hit_at, "hits": entry.hit_count,
+                "size": size,
             })  # fmt: skip
+            pipe.hincrby(f"{self._p}bytes", t, size)
             ttl_ms = int((entry.expires_at - self._clock()) * 1000) + 60_000  # backstop only
             pipe.pexpire(key, max(1, ttl_ms))
             pipe.zadd(f"{self._p}lru:{t}", {entry.entry_id: entry.last_hit_at})
@@ -107,34 +114,46 @@ class RedisStore:
             fields = {"id": entry.entry_id, "partition": entry.partition, "prompt": entry.prompt}
             self._xadd(pipe, self._event("put", t, vec=vec, **fields))
             pipe.zcard(f"{self._p}lru:{t}")
-            size = int((await pipe.execute())[-1])
-            return await self._evict(t, size - self._config.capacity_per_tenant)
+            pipe.hget(f"{self._p}bytes", t)
+            num_entries, num_bytes = (await pipe.execute())[-2:]
+            return await self._evict(t, int(num_entries), int(num_bytes or 0))
 
         return await self._call(run)
 
     def _xadd(self, pipe: Any, fields: dict[str, Any]) -> None:
         pipe.xadd(f"{self._p}feed", fields, maxlen=self._feed_maxlen, approximate=True)
 
-    async def _evict(self, tenant_id: str, excess: int) -> list[EntryId]:
-        if excess <= 0:
-            return []
-        victims = await self._redis.zrange(f"{self._p}lru:{tenant_id}", 0, excess - 1)
-        ids = [EntryId(v.decode()) for v in victims]
-        for entry_id in ids:
-            await self._delete(tenant_id, entry_id)
+    async def _evict(self, tenant_id: str, num_entries: int, num_bytes: int) -> list[EntryId]:
+        """The tenant's least recently used entries, one by one, until it fits."""
+        ids: list[EntryId] = []
+        while num_entries > 0 and self.capacity.over(tenant_id, num_entries, num_bytes):
+            victims = await self._redis.zrange(f"{self._p}lru:{tenant_id}", 0, 0)
+            if not victims:
+                break
+            entry_id = EntryId(victims[0].decode())
+            num_bytes -= await self._delete(tenant_id, entry_id) or 0
+            num_entries -= 1
+            ids.append(entry_id)
         return ids
 
-    async def _delete(self, tenant_id: str, entry_id: str) -> bool:
+    async def _delete(self, tenant_id: str, entry_id: str) -> int | None:
+        """Delete one entry; its size if it existed (0 for one stored without a size)."""
+        key = self._entry_key(tenant_id, entry_id)
         pipe = self._redis.pipeline(transaction=True)
-        pipe.delete(self._entry_key(tenant_id, entry_id))
+        pipe.hget(key, "size")
+        pipe.delete(key)
         pipe.zrem(f"{self._p}lru:{tenant_id}", entry_id)
         pipe.zrem(f"{self._p}exp:{tenant_id}", entry_id)
-        existed = bool((await pipe.execute())[0])
+        raw_size, deleted = (await pipe.execute())[:2]
+        existed = bool(deleted)
+        size = int(raw_size or 0)
         if existed:
             pipe = self._redis.pipeline(transaction=False)
             self._xadd(pipe, self._event("delete", tenant_id, id=entry_id))
+            if size:
+                pipe.hincrby(f"{self._p}bytes", tenant_id, -size)
             await pipe.execute()
-        return existed
+        return size if existed else None
 
     async def get(self, tenant_id: str, entry_id: EntryId) -> CacheEntry | None:
         async def run() -> CacheEntry | None:
@@ -169,7 +188,7 @@ class RedisStore:
         return await self._call(run)
 
     async def delete(self, tenant_id: str, entry_id: EntryId) -> bool:
-        return await self._call(lambda: self._delete(tenant_id, entry_id))
+        return await self._call(lambda: self._delete(tenant_id, entry_id)) is not None
 
     async def flush(self, tenant_id: str) -> int:
         async def run() -> int:
@@ -179,6 +198,7 @@ class RedisStore:
                 pipe.delete(self._entry_key(tenant_id, raw_id.decode()))
             pipe.delete(f"{self._p}lru:{tenant_id}", f"{self._p}exp:{tenant_id}")
             pipe.srem(f"{self._p}tenants", tenant_id)
+            pipe.hdel(f"{self._p}bytes", tenant_id)
             self._xadd(pipe, self._event("flush", tenant_id))
             await pipe.execute()
             return len(ids)

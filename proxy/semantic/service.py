@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.embedder import Embedder, MicroBatcher
 from proxy.semantic.index import FaissIndex
 from proxy.semantic.keys import CacheKey, NotCacheable, PartitionKey, build_cache_key
@@ -85,6 +86,10 @@ class SemanticCache:
         self._cursor: str | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats = SemanticStats()
+
+    def set_capacity(self, tenant_id: str | int, capacity: TenantCapacity) -> None:
+        """Apply a tenant's semantic capacity (its policy) to the store's evictions."""
+        self._store.capacity.set(str(tenant_id), capacity)
 
     @property
     def mirror(self) -> Mirror:
@@ -228,6 +233,8 @@ class SemanticCache:
         for entry_id in evicted:
             self._mirror.remove(entry_id)
         self.stats.evictions += len(evicted)
+        if entry.entry_id in evicted:  # larger than the tenant's whole byte limit
+            return None
         self._add_to_mirror(entry.entry_id, key.tenant_id, key.partition, key.query, entry.vector)
         self.stats.stored += 1
         return entry.entry_id

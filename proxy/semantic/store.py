@@ -4,8 +4,9 @@ Policy
 ------
 * An entry lives until ``expires_at = created_at + ttl_s`` (``StoreConfig.ttl_s``);
   an expired entry is never returned and is deleted when seen or swept.
-* Each tenant holds at most ``capacity_per_tenant`` entries; a put past it evicts
-  the least recently used ones (recency = last hit, or creation if never hit).
+* Each tenant holds at most ``capacity_per_tenant`` entries (and ``bytes_per_tenant``
+  bytes), or its own limits (:mod:`proxy.semantic.capacity`); a put past them evicts
+  that tenant's least recently used ones (recency = last hit, or creation if never hit).
 * Tenants never share entries: every operation is scoped by tenant id.
 
 :class:`InMemoryStore` is the single-process default. :mod:`proxy.semantic.redis_store`
@@ -26,6 +27,7 @@ from typing import Any, Literal, NewType, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from proxy.semantic.capacity import ByteLedger, CapacityTable
 from proxy.semantic.keys import PartitionKey
 
 EntryId = NewType("EntryId", str)
@@ -39,10 +41,16 @@ class StoreConfig:
     ttl_s: float = 7 * 24 * 3600.0
     capacity_per_tenant: int = 100_000
     request_memory_s: float = 24 * 3600.0  # how long request id -> entry id is kept (feedback)
+    bytes_per_tenant: int | None = None  # default byte limit per tenant (None: none)
 
     def __post_init__(self) -> None:
         if self.ttl_s <= 0 or self.capacity_per_tenant < 1:
             raise ValueError("ttl_s must be > 0 and capacity_per_tenant >= 1")
+        if self.bytes_per_tenant is not None and self.bytes_per_tenant < 1:
+            raise ValueError("bytes_per_tenant must be >= 1 or unset")
+
+    def capacity_table(self) -> CapacityTable:
+        return CapacityTable(self.capacity_per_tenant, self.bytes_per_tenant)
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,8 @@ class ChangeEvent:
 class EntryStore(Protocol):
     """Where entries live. Every method may raise on a backend failure (the service
     turns that into a miss)."""
+
+    capacity: CapacityTable  # each tenant's limits (proxy.semantic.capacity)
 
     async def put(self, entry: CacheEntry) -> list[EntryId]:
         """Store ``entry``; returns the ids evicted to stay within capacity."""
@@ -122,6 +132,8 @@ class InMemoryStore:
         self._clock = clock
         self._tenants: dict[str, OrderedDict[EntryId, CacheEntry]] = {}
         self._requests: dict[tuple[str, str], tuple[EntryId, float]] = {}
+        self.capacity = self._config.capacity_table()
+        self._bytes = ByteLedger()
 
     @property
     def config(self) -> StoreConfig:
@@ -132,11 +144,18 @@ class InMemoryStore:
 
     async def put(self, entry: CacheEntry) -> list[EntryId]:
         entries = self._tenants.setdefault(entry.tenant_id, OrderedDict())
+        old = entries.get(entry.entry_id)
+        if old is not None:
+            self._bytes.remove(old)
         entries[entry.entry_id] = entry
         entries.move_to_end(entry.entry_id)
+        self._bytes.add(entry)
         evicted: list[EntryId] = []
-        while len(entries) > self._config.capacity_per_tenant:
-            evicted.append(entries.popitem(last=False)[0])
+        tenant = entry.tenant_id
+        while entries and self.capacity.over(tenant, len(entries), self._bytes.get(tenant)):
+            victim_id, victim = entries.popitem(last=False)
+            self._bytes.remove(victim)
+            evicted.append(victim_id)
         return evicted
 
     async def get(self, tenant_id: str, entry_id: EntryId) -> CacheEntry | None:
@@ -145,7 +164,7 @@ class InMemoryStore:
         if entry is None or entries is None:
             return None
         if entry.expires_at <= self._clock():
-            del entries[entry_id]
+            self._bytes.remove(entries.pop(entry_id))
             return None
         return entry
 
@@ -161,10 +180,14 @@ class InMemoryStore:
 
     async def delete(self, tenant_id: str, entry_id: EntryId) -> bool:
         entries = self._tenants.get(tenant_id)
-        return bool(entries) and entries.pop(entry_id, None) is not None  # type: ignore[union-attr]
+        gone = entries.pop(entry_id, None) if entries else None
+        if gone is not None:
+            self._bytes.remove(gone)
+        return gone is not None
 
     async def flush(self, tenant_id: str) -> int:
         entries = self._tenants.pop(tenant_id, None)
+        self._bytes.drop(tenant_id)
         return len(entries) if entries else 0
 
     async def expire(self) -> list[tuple[str, EntryId]]:
@@ -172,7 +195,7 @@ class InMemoryStore:
         removed: list[tuple[str, EntryId]] = []
         for tenant_id, entries in self._tenants.items():
             for entry_id in [i for i, e in entries.items() if e.expires_at <= now]:
-                del entries[entry_id]
+                self._bytes.remove(entries.pop(entry_id))
                 removed.append((tenant_id, entry_id))
         return removed
 

@@ -21,6 +21,7 @@ from kvtoll.openai.responses import (
     text_completion,
     usage_dict,
 )
+from proxy.semantic.capacity import TenantCapacity
 
 if TYPE_CHECKING:
     from proxy.semantic.store import CacheEntry
@@ -37,6 +38,7 @@ class SemanticQuery:
     body: dict[str, Any]  # the validated client body, without any salt field
     threshold: float | None  # tenant policy (None = cache default)
     allow_sampled: bool  # tenant allows hits for temperature > 0 requests
+    capacity: TenantCapacity | None = None  # tenant policy: its semantic-cache limits
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from engine.api import KVShare
 from engine.kv.hashing import TenantSalt
 from kvtoll.openai.protocol import OpenAIRequest
 
@@ -26,6 +27,7 @@ class UpstreamRequest:
     # ``body`` as the gateway parsed it (once, at intake); None: the upstream validates
     # ``body`` itself (requests built outside the gateway).
     parsed: OpenAIRequest | None = None
+    kv_share: KVShare | None = None  # the tenant's share of a kvtoll worker's prefix cache
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.api import KVShare
+from kvtoll.openai.protocol import SALT_FIELDS
 from kvtoll.openai.sse import (
     CACHED_TOKENS_HEADER,
     DONE_SENTINEL,
@@ -99,6 +101,12 @@ def make_client(config: HttpUpstreamConfig) -> H1Client:
                     ssl_context=config.ssl_context)
 
 
+def kv_share_field(share: KVShare) -> dict[str, Any]:
+    """``kvtoll_kv_share`` as a kvtoll worker reads it (:class:`KVShareField`)."""
+    return {"tenant": share.tenant, "reserved_blocks": share.reserved_blocks,
+            "max_blocks": share.max_blocks}
+
+
 class HttpUpstream:
     """One OpenAI-compatible server reached through a pooled :class:`H1Client`."""
 
@@ -119,13 +127,15 @@ class HttpUpstream:
     def request_body(self, request: UpstreamRequest) -> dict[str, Any]:
         """The body sent upstream: the client's, forced to stream with usage, with
         the proxy's salt (and model override)."""
-        body = {k: v for k, v in request.body.items() if k != "cache_salt"}
+        body = {k: v for k, v in request.body.items() if k not in SALT_FIELDS}
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if self.config.model is not None:
             body["model"] = self.config.model
         if self.config.send_salt:
             body["cache_salt"] = request.salt.hex()
+            if request.kv_share is not None:
+                body["kvtoll_kv_share"] = kv_share_field(request.kv_share)
         return body
 
     def _headers(self, request: UpstreamRequest) -> dict[str, str]:

@@ -52,13 +52,14 @@ class InProcessUpstream:
             parsed = request.parsed
             if parsed is None:
                 parsed = parse_request(request.kind, request.body)
-            return prepare(
+            prepared = prepare(
                 parsed,
                 self._engine.tokenizer(),
                 self._engine.max_model_len,
                 request.salt,
                 request.prompt_token_ids,
             )
+            return replace(prepared, kv_share=request.kv_share)
         except OpenAIError as exc:
             raise UpstreamRejected(exc.message, status=exc.status, param=exc.param) from None
 

@@ -154,13 +154,16 @@ def test_tenant_policy_reaches_the_key_identity(factory: Factory) -> None:
         _, plaintext = accounts.create_key(session, "acme")
         accounts.set_tenant_policy(
             session, "acme", semantic_threshold=0.92, semantic_allow_sampled=True,
-            kv_reserved_blocks=128,
+            kv_reserved_blocks=128, kv_max_blocks=256, semantic_max_entries=10,
+            semantic_max_bytes=4096,
         )
     with factory() as session:
         identity = accounts.resolve_key(session, plaintext)
         assert identity is not None
         assert identity.semantic_threshold == pytest.approx(0.92)
         assert identity.semantic_allow_sampled is True and identity.kv_reserved_blocks == 128
+        assert (identity.kv_max_blocks, identity.semantic_max_entries) == (256, 10)
+        assert identity.semantic_max_bytes == 4096
         for threshold, blocks in ((1.5, 0), (0.5, -1)):
             with pytest.raises(InvalidInput):
                 accounts.set_tenant_policy(

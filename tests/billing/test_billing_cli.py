@@ -57,12 +57,12 @@ def test_commands_before_upgrade_fail_without_creating_a_database(
 
 
 def test_db_upgrade_current_and_downgrade(cli: CliRunner, sqlite_url: str) -> None:
-    assert "database at 0005" in _ok(cli, "db", "upgrade").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current 0005 head 0005"
+    assert "database at 0006" in _ok(cli, "db", "upgrade").stdout
+    assert _ok(cli, "db", "current").stdout.strip() == "current 0006 head 0006"
     _assert_refused(cli, sqlite_url, "db", "downgrade", match="--yes")
     _assert_refused(cli, sqlite_url, "db", "upgrade", "--revision", "nope", match="nope")
     assert "database at base" in _ok(cli, "db", "downgrade", "--yes").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0005"
+    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0006"
     _ok(cli, "db", "upgrade")
     _ok(cli, "tenant", "create", "acme")
 
@@ -158,7 +158,7 @@ def test_price_bad_input(
 def test_cli_on_postgres(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVTOLL_DATABASE_URL", migrated_url)
     runner = CliRunner()
-    assert "database at 0005" in _ok(runner, "db", "upgrade").stdout
+    assert "database at 0006" in _ok(runner, "db", "upgrade").stdout
     _ok(runner, "tenant", "create", "acme")
     result = _run(runner, "tenant", "create", "acme")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
@@ -181,16 +181,26 @@ def test_tenant_policy_updates_only_the_given_fields(cli: CliRunner, sqlite_url:
     _ok(cli, "tenant", "policy", "acme", "--semantic-threshold", "0.9", "--allow-sampled")
     _ok(cli, "tenant", "policy", "acme", "--kv-reserved-blocks", "64")
     row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
-    assert row[1:2] + row[3:] == ["acme", "0.9", "True", "64"]
+    assert row[1:2] + row[3:] == ["acme", "0.9", "True", "64", "-", "-", "-"]
     _ok(cli, "tenant", "policy", "acme", "--default-threshold", "--no-allow-sampled")
     row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
-    assert row[3:] == ["-", "False", "64"]
+    assert row[3:] == ["-", "False", "64", "-", "-", "-"]
+    _ok(cli, "tenant", "policy", "acme", "--kv-reserved-blocks", "32", "--kv-max-blocks", "100",
+        "--semantic-max-entries", "500", "--semantic-max-bytes", "1000000")
+    row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
+    assert row[5:] == ["32", "100", "500", "1000000"]
+    _ok(cli, "tenant", "policy", "acme", "--kv-max-blocks", "none")
+    assert _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")[6] == "-"
     for args, match in [
         (("--semantic-threshold", "1.5"), "[0, 1]"),
         (("--semantic-threshold", "high"), "must be a number"),
         (("--semantic-threshold", "nan"), "finite"),
-        (("--kv-reserved-blocks", "-1"), ">= 0"),
+        (("--kv-reserved-blocks", "-1"), "in 0.."),
+        (("--kv-reserved-blocks", str(2**31)), "in 0.."),
         (("--kv-reserved-blocks", "many"), "must be a number"),
+        (("--kv-reserved-blocks", "64", "--kv-max-blocks", "10"), "at least kv_reserved"),
+        (("--kv-max-blocks", "-3"), "kv_max_blocks must be in"),
+        (("--semantic-max-entries", "0"), "positive integer"),
     ]:
         _assert_refused(cli, sqlite_url, "tenant", "policy", "acme", *args, match=match)
     _assert_refused(cli, sqlite_url, "tenant", "policy", "nobody", match="unknown tenant")
@@ -215,4 +225,4 @@ def test_upgrade_refuses_tenant_names_that_clash_in_case(cli: CliRunner, sqlite_
             conn.execute("INSERT INTO tenants (name, created_at, semantic_allow_sampled, "
                          "kv_reserved_blocks) VALUES (?, '2026-01-01', 0, 0)", (name,))
     _assert_refused(cli, sqlite_url, "db", "upgrade", match="ACME, acme; Beta, beta")
-    assert _ok(cli, "db", "current").stdout.strip() == "current 0002 head 0005"
+    assert _ok(cli, "db", "current").stdout.strip() == "current 0002 head 0006"

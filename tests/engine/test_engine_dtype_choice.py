@@ -84,3 +84,44 @@ def test_config_resolves_auto_once_to_this_machines_choice(
     assert EngineConfig(dtype="float32").dtype == "float32"
     with pytest.raises(ValueError, match="dtype"):
         EngineConfig(dtype="half")
+
+
+def test_the_bf16_probe_is_measured_once_per_machine_and_read_back(tmp_path: Path) -> None:
+    """Ten starts on one machine agree even when every fresh timing would differ."""
+    from engine import dtype_probe
+
+    timings = iter([1.5, 0.7, 1.3, 0.9, 1.2, 0.8, 1.4, 0.6, 1.1, 1.0])
+    path = tmp_path / "probe.json"
+    key = dtype_probe.machine_key(frozenset({"avx512_bf16"}), "Some CPU", "2.13.0")
+    results = [dtype_probe.persisted_speedup(key, lambda: next(timings), path) for _ in range(10)]
+    assert [r.bf16_speedup for r in results] == [1.5] * 10
+    assert [r.measured_now for r in results] == [True] + [False] * 9
+    flags = frozenset({"avx512f", "avx512_bf16"})
+    choices = {preferred_dtype("cpu", flags, True, r.bf16_speedup) for r in results}
+    assert choices == {"bfloat16"}
+    other = dtype_probe.machine_key(frozenset({"avx512_bf16"}), "Other CPU", "2.13.0")
+    assert dtype_probe.persisted_speedup(other, lambda: 0.5, path).measured_now  # new machine
+    path.write_text("not json")
+    assert dtype_probe.persisted_speedup(key, lambda: 0.9, path).bf16_speedup == 0.9
+
+
+def test_concurrent_starts_share_one_probe(tmp_path: Path) -> None:
+    import multiprocessing
+
+    path = tmp_path / "probe.json"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        speedups = pool.starmap(_probe_in_child, [(str(path), i) for i in range(8)])
+    assert len(set(speedups)) == 1
+
+
+def _probe_in_child(path: str, i: int) -> float:
+    import time
+
+    from engine import dtype_probe
+
+    def measure() -> float:
+        time.sleep(0.05)  # a probe takes a while: others must wait, not measure too
+        return 1.0 + i / 100
+
+    return dtype_probe.persisted_speedup("k", measure, Path(path)).bf16_speedup

@@ -109,3 +109,61 @@ def test_aborting_while_later_choices_wait_finishes_every_choice(tiny_model: Loa
     assert all(c.finish_reason == FinishReason.ABORT for c in chunks)
     assert not engine.has_unfinished()
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+
+
+def test_kv_share_reserves_a_tenants_prefix_under_another_tenants_flood(
+    tiny_model: LoadedModel,
+) -> None:
+    from engine.api import KVShare
+    from engine.kv.hashing import TenantSalt
+
+    engine = build_llm_engine(EngineConfig.tiny(num_kv_blocks=12), tiny_model)
+    bs = engine.block_size
+    a, b = TenantSalt(b"a" * 16), TenantSalt(b"b" * 16)
+    prompt = tuple(3 + i % 100 for i in range(3 * bs + 1))
+    with pytest.raises(EngineRejected, match="exceeds this worker's pool of 12 blocks"):
+        engine.add_request(GenerationRequest("big", prompt, GREEDY, a, KVShare("a", 13)))
+    share = KVShare("a", reserved_blocks=3)
+    engine.generate_sync([GenerationRequest("a0", prompt, GREEDY, a, share)])
+    flood = [
+        GenerationRequest(f"b{i}", tuple(100 + i * 7 + j % 50 for j in range(4 * bs)), GREEDY, b)
+        for i in range(8)
+    ]
+    for request in flood:  # each fits beside the reservation: it never has to dip into it
+        engine.generate_sync([request])
+    assert engine.kv.pool.tenants.get(b).num_evicted > 0
+    out = engine.generate_sync([GenerationRequest("a1", prompt, GREEDY, a, share)])
+    assert out["a1"][0][0].cached_tokens == 3 * bs
+    assert engine.kv.pool.tenants.get(a).num_evicted == 0
+
+
+def test_a_cached_short_prefill_runs_ahead_of_long_prefills(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(
+        EngineConfig.tiny(max_num_batched_tokens=64, short_prefill_tokens=16), tiny_model
+    )
+    bs = engine.block_size
+    stem = tuple(3 + i % 90 for i in range(4 * bs))
+    engine.generate_sync([GenerationRequest("warm", (*stem, 7), GREEDY)])
+    engine.add_request(_req("long1", 200))
+    engine.add_request(_req("long2", 200))
+    assert _batch(engine) == [("long1", 0, 64)]
+    engine.add_request(GenerationRequest("hit", (*stem, 9, 9, 9), GREEDY))  # 4 blocks cached
+    # the hit jumps the queue and long1's next chunk waits a step: hit's prompt is done now
+    assert _batch(engine) == [("hit", 4 * bs, 3)]
+    assert _batch(engine) == [("long1", 64, 64)]  # no short prefill left: the old order
+
+
+def test_a_long_prefill_is_deferred_a_bounded_number_of_steps(tiny_model: LoadedModel) -> None:
+    engine = build_llm_engine(
+        EngineConfig.tiny(max_num_batched_tokens=32, short_prefill_tokens=8), tiny_model
+    )
+    engine.scheduler.max_deferrals = 2
+    engine.add_request(_req("long", 100))
+    assert _batch(engine) == [("long", 0, 32)]
+    for i in range(3):
+        engine.add_request(_req(f"s{i}", 5))
+    assert [r for r, _, _ in _batch(engine)] == ["s0", "s1", "s2"]
+    engine.add_request(_req("s3", 5))
+    assert [r for r, _, _ in _batch(engine)] == ["s0", "s1", "s2", "s3"]  # deferred twice
+    engine.add_request(_req("s4", 5))
+    assert "long" in [r for r, _, _ in _batch(engine)]  # then it runs regardless

@@ -134,3 +134,17 @@ SchedulerMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=50, deadline=None
 )
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+class ShortFirstSchedulerMachine(SchedulerMachine):
+    """The same invariants with short prefills admitted first and long ones deferred."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = Scheduler(self.kv, BUDGET, MAX_SEQS, short_prefill_tokens=4, max_deferrals=2)
+
+
+ShortFirstSchedulerMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=50, deadline=None
+)
+TestShortFirstSchedulerMachine = ShortFirstSchedulerMachine.TestCase

@@ -71,7 +71,7 @@ def test_eviction_order_uncached_first_then_lru_tail_first() -> None:
     kv.free(a)
     kv.free(b)
     # uncached partial blocks go to the head; cached ones to the tail, each seq's tail first
-    assert [blk.block_id for blk in kv.pool.free_queue] == [5, 2, 1, 0, 4, 3]
+    assert [blk.block_id for blk in kv.pool.free_blocks()] == [5, 2, 1, 0, 4, 3]
     c = Seq(2, list(range(200, 212)))  # 3 blocks: reuses 5, 2, then evicts 1 (a's tail)
     assert _run_prefill(kv, c) == 0
     assert kv.block_ids(2) == (5, 2, 1)

@@ -1,5 +1,6 @@
-"""Property test: random allocate / share / append / free / evict / preempt / abort
-sequences over the block pool and KV manager keep every invariant."""
+"""Property test: random allocate / share / append / free / evict / preempt / abort /
+tenant-share sequences over the block pool and KV manager keep every invariant, and an
+admission never takes another tenant's reserved cached blocks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from engine.api import KVShare
 from engine.kv.block_pool import BlockPool
 from engine.kv.hashing import BlockHash, TenantSalt
 from engine.kv.kv_manager import KVCacheManager
@@ -47,8 +49,17 @@ class KVMachine(RuleBasedStateMachine):
         self.seqs[self.next_id] = Seq(self.next_id, [*stem, *tail], salt)
         self.next_id += 1
 
-    @rule(data=st.data(), chunk=st.integers(1, 12))
-    def admit_or_step(self, data: st.DataObject, chunk: int) -> None:
+    @rule(
+        salt=st.sampled_from(SALTS),
+        reserved=st.integers(0, NUM_BLOCKS),
+        extra=st.none() | st.integers(0, NUM_BLOCKS),
+    )
+    def set_share(self, salt: TenantSalt | None, reserved: int, extra: int | None) -> None:
+        cap = None if extra is None else reserved + extra
+        self.kv.pool.set_share(salt, KVShare("t", reserved, cap))
+
+    @rule(data=st.data(), chunk=st.integers(1, 12), use_reserved=st.booleans())
+    def admit_or_step(self, data: st.DataObject, chunk: int, use_reserved: bool) -> None:
         """Admission (with prefix sharing) or one more prefill/decode chunk."""
         if not self.seqs:
             return
@@ -58,7 +69,15 @@ class KVMachine(RuleBasedStateMachine):
         if n <= 0:
             return
         before = seq.num_computed_tokens
-        if self.kv.allocate_slots(seq, n, prefix):
+        held = {o: (t.num_cached, t.share.reserved_blocks) for o, t in self.kv.pool.tenants.items()}
+        can = self.kv.can_allocate(seq, n, prefix, use_reserved)
+        ok = self.kv.allocate_slots(seq, n, prefix, use_reserved)
+        assert ok == can
+        if not use_reserved:
+            for owner, (num_cached, reserved) in held.items():
+                if owner != seq.salt:
+                    assert self.kv.pool.tenants.get(owner).num_cached >= min(num_cached, reserved)
+        if ok:
             assert seq.num_computed_tokens == before  # the manager never writes progress
             seq.running = True
             seq.num_computed_tokens += len(prefix) * BS + n
@@ -130,6 +149,19 @@ class KVMachine(RuleBasedStateMachine):
         for h, b in self.kv.pool.cached.items():
             assert b.block_hash == h
             assert len(b.token_ids) == BS
+
+    @invariant()
+    def tenant_counts_match_blocks(self) -> None:
+        pool = self.kv.pool
+        for owner, state in pool.tenants.items():
+            mine = [b for b in pool.blocks if b.block_hash is not None and b.owner == owner]
+            assert state.num_cached == len(mine)
+            assert sorted(b.block_id for b in state.free) == sorted(
+                b.block_id for b in mine if b.ref_cnt == 0
+            )
+            cap = state.share.max_blocks
+            assert cap is None or state.num_cached <= cap or not state.free  # over: all in use
+        assert len(pool.uncached) + pool.tenants.num_free_cached() == pool.num_free_blocks
 
     def teardown(self) -> None:
         for s in list(self.seqs.values()):

@@ -48,6 +48,7 @@ class FakeEngine:
     model_name: str = "fake-model"
     block_size: int = 4
     max_model_len: int = 256
+    dtype: str = "float32"
     max_n: int = 4
     num_total_blocks: int = 64
     token_delay_s: float = 0.0

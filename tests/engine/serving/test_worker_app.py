@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.api import GenerationChunk, GenerationRequest
+from engine.api import GenerationChunk, GenerationRequest, KVShare
 from engine.serving.app import WorkerConfig, build_worker_app
 from tests.engine.serving.serving_fakes import REPLY, ByteTokenizer, FakeEngine
 
@@ -176,6 +176,19 @@ async def test_salt_reaches_engine_only_from_cache_salt(
     body = {"model": "fake-model", "messages": MSGS, "max_tokens": 1, "cache_salt": "0a0b"}
     await client.post("/v1/chat/completions", json=body, headers={"x-tenant-salt": "ffff"})
     assert engine.requests[-1].salt == b"\x0a\x0b"
+
+
+async def test_kv_share_reaches_the_engine_beside_the_salt(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    share = {"tenant": "acme", "reserved_blocks": 8, "max_blocks": 16}
+    body = {"model": "fake-model", "messages": MSGS, "max_tokens": 1, "cache_salt": "0a0b",
+            "kvtoll_kv_share": share}
+    assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    assert engine.requests[-1].kv_share == KVShare("acme", 8, 16)
+    for bad in ({**share, "reserved_blocks": -1}, {**share, "max_blocks": "many"}, {"x": 1}):
+        resp = await client.post("/v1/chat/completions", json={**body, "kvtoll_kv_share": bad})
+        _assert_error(resp, 400)
 
 
 async def test_kv_events_ordering_and_cursor(client: httpx.AsyncClient, engine: FakeEngine) -> None:

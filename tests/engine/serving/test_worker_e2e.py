@@ -243,3 +243,28 @@ async def test_concurrent_requests_are_batched_and_all_answered(
     usages = await asyncio.gather(*(one(i) for i in range(8)))
     assert [u["completion_tokens"] for u in usages] == [5] * 8
     assert len({u["prompt_tokens"] for u in usages}) == 8
+
+
+async def test_tenant_shares_on_load_and_metrics_and_an_oversized_one_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    share = {"tenant": "acme", "reserved_blocks": 4, "max_blocks": 32}
+    body = {"model": MODEL, "prompt": LONG, "max_tokens": 1, "cache_salt": "0a" * 16,
+            "kvtoll_kv_share": share}
+    for _ in range(2):
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+    load = (await client.get("/load")).json()
+    [acme] = [t for t in load["tenants"] if t["tenant"] == "acme"]
+    assert (acme["reserved_blocks"], acme["max_blocks"]) == (4, 32)
+    assert acme["cached_blocks"] > 0 and 0 < acme["hit_blocks"] <= acme["query_blocks"]
+    text = (await client.get("/metrics")).text
+    assert 'kvtoll_worker_kv_reserved_blocks{tenant="acme"} 4.0' in text
+    hits = acme["hit_blocks"]
+    assert f'kvtoll_worker_kv_prefix_hit_blocks_total{{tenant="acme"}} {hits}.0' in text
+    events = (await client.get("/kv/events")).json()["events"]
+    assert {e["tenant"] for e in events} == {"acme"}
+    huge = {**body, "kvtoll_kv_share": {**share, "reserved_blocks": load["num_total_blocks"] + 1}}
+    resp = await client.post("/v1/completions", json=huge)
+    assert resp.status_code == 400
+    assert "exceeds this worker's pool" in resp.json()["error"]["message"]
+    assert (await client.post("/v1/completions", json=body)).status_code == 200  # still serving

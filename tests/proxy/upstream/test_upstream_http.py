@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from engine.api import KVShare
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.factory import build_engine
@@ -154,6 +156,17 @@ async def test_request_body_forces_streaming_usage_and_overrides(
 
 async def test_salt_sent_as_hex_by_default(worker: HttpUpstream) -> None:
     assert worker.request_body(_req(_chat(cache_salt="00")))["cache_salt"] == SALT_A.hex()
+
+
+async def test_kv_share_travels_beside_the_salt_and_a_client_one_is_dropped(
+    worker: HttpUpstream, third_party: HttpUpstream
+) -> None:
+    forged = {"tenant": "x", "reserved_blocks": 10**6}
+    req = replace(_req(_chat(kvtoll_kv_share=forged)), kv_share=KVShare("acme", 64, 128))
+    sent = worker.request_body(req)
+    assert sent["kvtoll_kv_share"] == {"tenant": "acme", "reserved_blocks": 64, "max_blocks": 128}
+    assert "kvtoll_kv_share" not in third_party.request_body(req)  # send_salt=False
+    assert "kvtoll_kv_share" not in worker.request_body(_req(_chat(kvtoll_kv_share=forged)))
 
 
 async def test_missing_usage_is_estimated(third_party: HttpUpstream, script: Script) -> None:

@@ -41,6 +41,10 @@ class SpyEngine:
         return self.inner.block_size
 
     @property
+    def dtype(self) -> str:
+        return self.inner.dtype
+
+    @property
     def max_model_len(self) -> int:
         return self.inner.max_model_len
 
