@@ -49,6 +49,16 @@ class Settings(BaseSettings):
     cuda_graphs: bool = False  # decode steps as CUDA graphs (engine.decode_graphs)
     gpu_memory_utilization: float = 0.9  # on a GPU: its share for the engine (engine.gpu_memory)
     log_level: str = "info"
+    # Timeouts: everywhere a request waits on something (proxy.config.from_settings).
+    db_connect_timeout_s: float = Field(default=5.0, gt=0)
+    db_statement_timeout_ms: int = Field(default=5000, ge=0)  # 0: none
+    sqlite_busy_timeout_ms: int = Field(default=5000, ge=0)
+    redis_socket_timeout_s: float = Field(default=0.5, gt=0)
+    worker_connect_timeout_s: float = Field(default=5.0, gt=0)
+    worker_read_timeout_s: float = Field(default=60.0, gt=0)  # first byte, and between two
+    # Crash-safe metering: a stream's progress is journaled every N tokens or M ms.
+    progress_every_tokens: int = Field(default=16, ge=1)
+    progress_every_ms: int = Field(default=500, ge=1)
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:

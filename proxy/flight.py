@@ -29,6 +29,9 @@ class Flight:
     query: SemanticQuery | None = None
     metered: bool = field(default=False)
     relayed: bool = field(default=False)  # the relay started: its finally meters
+    # crash-safe metering (proxy.progress): completion tokens and time last journaled
+    journaled_tokens: int = field(default=0)
+    journaled_at: float = field(default=0.0)
 
 
 def billable_tokens(flight: Flight) -> tuple[int, int, int]:
@@ -49,7 +52,7 @@ def billable_tokens(flight: Flight) -> tuple[int, int, int]:
 
 
 def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int,
-                  completion: int) -> LedgerEntry:
+                  completion: int, *, cut: bool = False) -> LedgerEntry:
     prep = flight.prep
     now = time.perf_counter()
     first = flight.tally.first_token_at
@@ -63,4 +66,5 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
         created_at=prep.arrived_at,
         latency_ms=round((now - prep.started) * 1000, 3),
         ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
+        cut=cut,
     )

@@ -3,7 +3,10 @@
 Algorithm: fixed one-minute windows aligned to the epoch minute. A request is
 admitted when ``requests + 1 <= rpm`` and ``tokens + cost <= tpm`` for the current
 window, where ``cost`` is the prompt tokens plus the ``max_tokens`` asked for (the
-most the request can generate; charged up front, never refunded). A single request
+most the request can generate; charged up front). A request that fails before any
+of it was served (no upstream could answer: 502/503/504) is handed back with
+:meth:`RateLimiter.refund`, in the window that counted it, so failures do not eat a
+key's budget. A single request
 costing more than the whole ``tpm`` passes only as the first of an empty window, so
 it is slowed down rather than refused forever. A refusal carries ``retry_after_s`` =
 seconds until the window ends (at least 1).
@@ -42,11 +45,17 @@ class RateDecision:
     allowed: bool
     retry_after_s: int = 0
     limit: str | None = None  # "requests" | "tokens" when refused
+    window: int | None = None  # the window that counted an admitted request
 
 
 class RateLimiter(Protocol):
     async def check(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
         """Admit (and count) one request of ``cost_tokens`` for ``key_id``, or refuse it."""
+        ...
+
+    async def refund(self, key_id: str, decision: RateDecision, cost_tokens: int) -> None:
+        """Take back an admitted request that failed unserved (a no-op once its window
+        is over)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -83,7 +92,14 @@ class LocalRateLimiter:
         if refused:
             return RateDecision(False, retry, refused)
         self._counts[key_id] = (window, requests + 1, tokens + cost_tokens)
-        return RateDecision(True)
+        return RateDecision(True, window=window)
+
+    async def refund(self, key_id: str, decision: RateDecision, cost_tokens: int) -> None:
+        """See :class:`RateLimiter`."""
+        current, requests, tokens = self._counts.get(key_id, (None, 0, 0))
+        if current is None or current != decision.window:
+            return
+        self._counts[key_id] = (current, max(0, requests - 1), max(0, tokens - cost_tokens))
 
     async def aclose(self) -> None:
         self._counts.clear()
@@ -99,6 +115,16 @@ redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('INCRBY', KEYS[2], cost)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 0
+"""
+_REFUND_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 and tonumber(redis.call('GET', KEYS[1])) > 0 then
+  redis.call('DECR', KEYS[1])
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local t = tonumber(redis.call('GET', KEYS[2]))
+  redis.call('DECRBY', KEYS[2], math.min(t, tonumber(ARGV[1])))
+end
 return 0
 """
 _REFUSALS = {1: "requests", 2: "tokens"}
@@ -118,6 +144,7 @@ class RedisRateLimiter:
     ) -> None:
         self._client = client
         self._script = client.register_script(_LUA)
+        self._refund = client.register_script(_REFUND_LUA)
         self._defaults = defaults
         self._metrics = metrics
         self._prefix = prefix
@@ -127,13 +154,15 @@ class RedisRateLimiter:
 
     @classmethod
     def from_url(
-        cls, url: str, defaults: RateLimitDefaults, metrics: ProxyMetrics, *, prefix: str
+        cls, url: str, defaults: RateLimitDefaults, metrics: ProxyMetrics, *, prefix: str,
+        socket_timeout_s: float = 0.5,
     ) -> RedisRateLimiter:
         """Connect lazily to ``url`` with short timeouts, so an outage is noticed fast."""
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(
-            url, socket_timeout=0.5, socket_connect_timeout=0.5, retry_on_timeout=False
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+            retry_on_timeout=False,
         )
         return cls(client, defaults, metrics, prefix=prefix)
 
@@ -147,7 +176,7 @@ class RedisRateLimiter:
         if self._retry_at and now < self._retry_at:
             return await self._local(key_id, limits, cost_tokens)
         window, retry = _window(now)
-        keys = [f"{self._prefix}{{{key_id}}}:{window}:r", f"{self._prefix}{{{key_id}}}:{window}:t"]
+        keys = self._keys(key_id, window)
         args = [limits.requests_per_minute, limits.tokens_per_minute, cost_tokens, WINDOW_S + 5]
         try:
             code = int(await self._script(keys=keys, args=args))
@@ -162,7 +191,23 @@ class RedisRateLimiter:
             self._metrics.ratelimit_fallback.set(0)
         if code:
             return RateDecision(False, retry, _REFUSALS[code])
-        return RateDecision(True)
+        return RateDecision(True, window=window)
+
+    def _keys(self, key_id: str, window: int) -> list[str]:
+        return [f"{self._prefix}{{{key_id}}}:{window}:r", f"{self._prefix}{{{key_id}}}:{window}:t"]
+
+    async def refund(self, key_id: str, decision: RateDecision, cost_tokens: int) -> None:
+        """See :class:`RateLimiter`; a request counted by the local fallback (no window)
+        is refunded there; a Redis failure loses the refund (never fails the request)."""
+        if decision.window is None or decision.window != _window(self._clock())[0]:
+            return
+        if self._retry_at:
+            await self._fallback.refund(key_id, decision, cost_tokens)
+            return
+        try:
+            await self._refund(keys=self._keys(key_id, decision.window), args=[cost_tokens])
+        except Exception as exc:
+            log.debug("rate limiter: refund lost (%s)", exc)
 
     async def _local(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
         div = max(1, self._defaults.fallback_divisor)

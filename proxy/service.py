@@ -12,7 +12,9 @@
                                                                   ledger row (client_disconnect
                                                                   / upstream_error, tokens so far)
 
-Retries happen only while opening (nothing has reached the client). Exactly one
+Retries happen only while opening (nothing has reached the client); an upstream that
+fails (refused, cut, silent past its timeout) is marked down in the pool at once,
+before or during the relay, so the next requests go around it. Exactly one
 ledger row is written per admitted request, from the relay's ``finally`` (shielded
 from cancellation), before the usage item is passed on. A request cancelled before
 its relay ran (while waiting for the upstream's first item, or after it but before
@@ -20,7 +22,10 @@ the response started: an async generator that never started runs no ``finally``)
 gets its row from :meth:`Reply.aclose` or from :meth:`Gateway.open` itself, status
 ``client_disconnect`` with what the upstream had produced; a semantic answer that
 completed with ``stop`` everywhere is offered to the cache afterwards in the
-background. Services never import FastAPI; the routes render what this yields.
+background. While a stream runs, its tokens so far are journaled
+(:mod:`proxy.progress`), so a gateway killed mid-stream bills them at its next start;
+a stream cut by its upstream is billed what it delivered, its row marked ``cut``.
+Services never import FastAPI; the routes render what this yields.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ from proxy.config import ProxyConfig
 from proxy.flight import Flight, billable_tokens, ledger_entry
 from proxy.hooks import RouterHook, SemanticCacheHook
 from proxy.intake import Prepared
-from proxy.metering import Meter
+from proxy.metering import Meter, entry_to_json
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
+from proxy.progress import ProgressJournal
 from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
@@ -121,8 +127,10 @@ class Gateway:
         semantic: SemanticCacheHook | None = None,
         router: RouterHook | None = None,
         budgets: BudgetGuard | None = None,
+        progress: ProgressJournal | None = None,
     ) -> None:
         self._pool = pool
+        self._progress = progress
         self._budgets = budgets
         self._meter = meter
         self._metrics = metrics
@@ -240,8 +248,7 @@ class Gateway:
                 problems.append(f"{upstream.name}: {exc or type(exc).__name__}")
                 if isinstance(exc, UpstreamError) and not exc.retryable:
                     break
-                if not isinstance(exc, TimeoutError):
-                    self._pool.mark(upstream, False)
+                self._pool.mark(upstream, False)  # silent too: the probes bring it back
                 continue
             if self._router is not None:
                 await self._router.started(upstream, request)
@@ -276,6 +283,8 @@ class Gateway:
                 flight.tally.add(item)
                 if isinstance(item, UpstreamUsage):
                     await self._finish(flight, RequestStatus.OK)
+                elif self._progress is not None and flight.prep.request.stream:
+                    self._journal(flight)
                 yield item
                 item = None
             ended = True
@@ -284,6 +293,8 @@ class Gateway:
                 raise UpstreamError("upstream ended without usage", retryable=False)
         except (UpstreamError, OSError):
             status = RequestStatus.UPSTREAM_ERROR
+            if flight.upstream is not None:
+                self._pool.mark(flight.upstream, False)
             raise
         finally:
             if timer is not None:
@@ -293,6 +304,23 @@ class Gateway:
                     await _close(source)
                     if not flight.metered:
                         await self._finish(flight, status)
+
+    def _journal(self, flight: Flight) -> None:
+        """Journal ``flight``'s tokens so far if one interval has passed (see module doc)."""
+        progress = self._progress
+        assert progress is not None
+        tokens = flight.tally.completion_tokens()
+        if not progress.due(tokens, flight.journaled_tokens, flight.journaled_at):
+            return
+        prompt, cached, completion = billable_tokens(flight)
+        entry = ledger_entry(flight, RequestStatus.UPSTREAM_ERROR, prompt, cached, completion,
+                             cut=True)
+        try:
+            progress.note(entry.request_id, entry_to_json(entry))
+        except OSError:
+            log.warning("progress journal write failed for %s", entry.request_id)
+        flight.journaled_tokens = tokens
+        flight.journaled_at = progress.now()
 
     async def _abandon(self, flight: Flight, source: AsyncIterator[Item],
                        first: Item | None = None, timer: StepTimer | None = None) -> None:
@@ -317,10 +345,13 @@ class Gateway:
             return
         flight.metered = True
         prompt, cached, completion = billable_tokens(flight)
-        entry = ledger_entry(flight, status, prompt, cached, completion)
+        cut = status is RequestStatus.UPSTREAM_ERROR and completion > 0  # after its first token
+        entry = ledger_entry(flight, status, prompt, cached, completion, cut=cut)
         if not self._meter.record_nowait(entry):  # the outbox failed: to the ledger now
             with anyio.CancelScope(shield=True):
                 await self._meter.record_directly(entry)
+        if self._progress is not None and flight.journaled_tokens:
+            self._progress.done(entry.request_id)
         if self._budgets is not None and flight.prep.budget is not None:
             self._budgets.settle(flight.prep.budget, entry)
         # Metrics after the response is on its way: the client waits for nothing here.
