@@ -94,7 +94,7 @@ class KeyAuthenticator:
         max_stale_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         wait_s: float = 5.0,
-        revalidate_wait_s: float = 0.5,
+        revalidate_wait_s: float = 0.2,
         max_lookups: int = 32,
     ) -> None:
         self._factory = factory
