@@ -18,8 +18,8 @@ is loaded where possible; the CLI turns it into exit code 2.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,7 +40,6 @@ from proxy.config import db_timeouts, from_settings
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.upstream.base import Upstream
 from proxy.upstream.link import WorkerLink
-
 
 log = logging.getLogger(__name__)
 
