@@ -410,7 +410,7 @@ def _reconcile(env: Env, name: str, results: list[Result], injected: float, heal
     ok = [r for r in results if r.status == "200"]
     cut = [r for r in results if r.status == "cut" and r.request_id]
     ids = {r.request_id for r in results if r.request_id}
-    rows = env.ledger(ids)  # type: ignore[arg-type]
+    rows = env.ledger({i for i in ids if i})
     per_id = Counter(rid for rid, _, _ in rows)
     billed = {rid: tokens for rid, tokens, _ in rows}
     normal = sorted(r.ended - r.started for r in results if r.ended < injected)
