@@ -283,9 +283,9 @@ class Gateway:
                 flight.tally.add(item)
                 if isinstance(item, UpstreamUsage):
                     await self._finish(flight, RequestStatus.OK)
-                elif self._progress is not None and flight.prep.request.stream:
-                    self._journal(flight)
                 yield item
+                if self._progress is not None and flight.prep.request.stream:
+                    self._journal(flight)  # after the item went out: never bills ahead
                 item = None
             ended = True
             if not flight.metered:
@@ -309,6 +309,8 @@ class Gateway:
         """Journal ``flight``'s tokens so far if one interval has passed (see module doc)."""
         progress = self._progress
         assert progress is not None
+        if flight.metered:
+            return
         tokens = flight.tally.completion_tokens()
         if not progress.due(tokens, flight.journaled_tokens, flight.journaled_at):
             return
