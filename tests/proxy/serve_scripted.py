@@ -22,8 +22,8 @@ def main(database_url: str, data_dir: str, port: int, num_words: int = 5,
                              secret="test-server-secret", data_dir=data_dir, redis_url=None)
     factory = session_factory(make_engine(database_url))
     config = ProxyConfig(ledger_retry_interval_s=0.1)
-    app = build_app(settings, factory, upstreams=[ScriptedUpstream(num_words=num_words, delay_s=delay_s)],
-                    config=config)
+    upstream = ScriptedUpstream(num_words=num_words, delay_s=delay_s)
+    app = build_app(settings, factory, upstreams=[upstream], config=config)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
