@@ -84,7 +84,8 @@ def _budget_guard(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics
     """Budget counters in the rate limits' store (Redis when configured), refreshed
     from the database on the key cache's TTL."""
     counters: SpendCounters = (
-        RedisSpendCounters.from_url(settings.redis_url, metrics) if settings.redis_url
+        RedisSpendCounters.from_url(settings.redis_url, metrics, config.redis_socket_timeout_s)
+        if settings.redis_url
         else LocalSpendCounters()
     )
     return BudgetGuard(factory, counters, metrics, prefix=f"{prefix}budget:",
