@@ -15,9 +15,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.util import CommandError
 from sqlalchemy import column, func, insert, inspect, select, table, text
-from sqlalchemy.sql.expression import TableClause
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import TableClause
 
 from billing.db import make_engine, session_factory
 from billing.ledger import LedgerEntry, write_usage
