@@ -105,10 +105,13 @@ class Reply:
 
 
 class UpstreamUnavailable(OpenAIError):
-    def __init__(self, detail: str) -> None:
+    """502 ``upstream_unavailable``; 504 ``upstream_timeout`` when every upstream tried
+    stayed silent past its timeout."""
+
+    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
         super().__init__(
-            f"No upstream could serve the request: {detail}", status=502, type=SERVER_ERROR,
-            code="upstream_unavailable",
+            f"No upstream could serve the request: {detail}", status=504 if timed_out else 502,
+            type=SERVER_ERROR, code="upstream_timeout" if timed_out else "upstream_unavailable",
         )
 
 
@@ -230,6 +233,7 @@ class Gateway:
         cancelled while an upstream works on it, that upstream's stream is closed and
         ``flight.upstream`` names it (so its router slot is released with the row)."""
         problems: list[str] = []
+        timeouts = 0
         for upstream in await self._candidates(request):
             stream = upstream.stream(request)
             try:
@@ -246,6 +250,8 @@ class Gateway:
             except (UpstreamError, TimeoutError, OSError, StopAsyncIteration) as exc:
                 await _close(stream)
                 problems.append(f"{upstream.name}: {exc or type(exc).__name__}")
+                timeouts += isinstance(exc, TimeoutError) or (
+                    isinstance(exc, UpstreamError) and exc.status == 504)
                 if isinstance(exc, UpstreamError) and not exc.retryable:
                     break
                 self._pool.mark(upstream, False)  # silent too: the probes bring it back
@@ -253,7 +259,8 @@ class Gateway:
             if self._router is not None:
                 await self._router.started(upstream, request)
             return upstream, first, stream
-        raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
+        raise UpstreamUnavailable("; ".join(problems) or "no upstream configured",
+                                  timed_out=bool(problems) and timeouts == len(problems))
 
     async def _relay(
         self, flight: Flight, source: AsyncIterator[Item], *, first: Item | None = None,

@@ -257,3 +257,16 @@ def test_health_endpoints(settings: Settings, db: sessionmaker[Session], path: s
     with LiveServer(build_app(settings, db, upstreams=[ScriptedUpstream()])) as server:
         response = httpx.get(server.url + path)
     assert response.status_code == 200
+
+
+def test_every_upstream_silent_is_504_with_retry_after(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    silent = [ScriptedUpstream(f"silent-{i}", delay_s=5.0) for i in range(2)]
+    config = ProxyConfig(upstream_first_byte_timeout_s=0.1)
+    with LiveServer(build_app(settings, db, upstreams=silent, config=config)) as server:
+        response = _post(server, tenants.key_a)
+        assert response.status_code == 504
+        assert response.json()["error"]["code"] == "upstream_timeout"
+        assert response.headers["retry-after"] == "1"
+    assert all(len(u.seen) == 1 for u in silent)  # each tried once, then marked down
