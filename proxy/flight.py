@@ -1,18 +1,24 @@
 """One admitted request's state through the flow of :mod:`proxy.service`, and the ledger
-row it bills: the tokens (:func:`billable_tokens`) and the row itself
-(:func:`ledger_entry`)."""
+row it bills: the tokens (:func:`billable_tokens`), the row itself (:func:`ledger_entry`)
+and, while it streams, its provisional row in the progress journal
+(:func:`journal_progress`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy
 from proxy.intake import Prepared
+from proxy.metering import entry_to_json
+from proxy.progress import ProgressJournal
 from proxy.semantic.types import SemanticHit, SemanticQuery
 from proxy.tally import Tally
 from proxy.upstream.base import Upstream, UpstreamRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,3 +74,23 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
         ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
         cut=cut,
     )
+
+
+def journal_progress(progress: ProgressJournal, flight: Flight) -> None:
+    """Journal ``flight``'s tokens so far, as the row a cut stream bills, once one
+    journal interval has passed since the last time (:mod:`proxy.progress`); a disk
+    that refuses costs only the crash-safety of this stream."""
+    if flight.metered:
+        return
+    tokens = flight.tally.completion_tokens()
+    if not progress.due(tokens, flight.journaled_tokens, flight.journaled_at):
+        return
+    prompt, cached, completion = billable_tokens(flight)
+    entry = ledger_entry(flight, RequestStatus.UPSTREAM_ERROR, prompt, cached, completion,
+                         cut=True)
+    try:
+        progress.note(entry.request_id, entry_to_json(entry))
+    except OSError:
+        log.warning("progress journal write failed for %s", entry.request_id)
+    flight.journaled_tokens = tokens
+    flight.journaled_at = progress.now()

@@ -46,10 +46,10 @@ from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
 from proxy.budget import BudgetGuard
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
-from proxy.flight import Flight, billable_tokens, ledger_entry
+from proxy.flight import Flight, billable_tokens, journal_progress, ledger_entry
 from proxy.hooks import RouterHook, SemanticCacheHook
 from proxy.intake import Prepared
-from proxy.metering import Meter, entry_to_json
+from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.progress import ProgressJournal
@@ -292,7 +292,7 @@ class Gateway:
                     await self._finish(flight, RequestStatus.OK)
                 yield item
                 if self._progress is not None and flight.prep.request.stream:
-                    self._journal(flight)  # after the item went out: never bills ahead
+                    journal_progress(self._progress, flight)  # after the item went out
                 item = None
             ended = True
             if not flight.metered:
@@ -311,25 +311,6 @@ class Gateway:
                     await _close(source)
                     if not flight.metered:
                         await self._finish(flight, status)
-
-    def _journal(self, flight: Flight) -> None:
-        """Journal ``flight``'s tokens so far if one interval has passed (see module doc)."""
-        progress = self._progress
-        assert progress is not None
-        if flight.metered:
-            return
-        tokens = flight.tally.completion_tokens()
-        if not progress.due(tokens, flight.journaled_tokens, flight.journaled_at):
-            return
-        prompt, cached, completion = billable_tokens(flight)
-        entry = ledger_entry(flight, RequestStatus.UPSTREAM_ERROR, prompt, cached, completion,
-                             cut=True)
-        try:
-            progress.note(entry.request_id, entry_to_json(entry))
-        except OSError:
-            log.warning("progress journal write failed for %s", entry.request_id)
-        flight.journaled_tokens = tokens
-        flight.journaled_at = progress.now()
 
     async def _abandon(self, flight: Flight, source: AsyncIterator[Item],
                        first: Item | None = None, timer: StepTimer | None = None) -> None:
