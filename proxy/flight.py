@@ -5,7 +5,6 @@ and, while it streams, its provisional row in the progress journal
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 
@@ -17,8 +16,6 @@ from proxy.progress import ProgressJournal
 from proxy.semantic.types import SemanticHit, SemanticQuery
 from proxy.tally import Tally
 from proxy.upstream.base import Upstream, UpstreamRequest
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,8 +75,7 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
 
 def journal_progress(progress: ProgressJournal, flight: Flight) -> None:
     """Journal ``flight``'s tokens so far, as the row a cut stream bills, once one
-    journal interval has passed since the last time (:mod:`proxy.progress`); a disk
-    that refuses costs only the crash-safety of this stream."""
+    journal interval has passed since the last time (:mod:`proxy.progress`)."""
     if flight.metered:
         return
     tokens = flight.tally.completion_tokens()
@@ -88,9 +84,6 @@ def journal_progress(progress: ProgressJournal, flight: Flight) -> None:
     prompt, cached, completion = billable_tokens(flight)
     entry = ledger_entry(flight, RequestStatus.UPSTREAM_ERROR, prompt, cached, completion,
                          cut=True)
-    try:
-        progress.note(entry.request_id, entry_to_json(entry))
-    except OSError:
-        log.warning("progress journal write failed for %s", entry.request_id)
+    progress.note(entry.request_id, entry_to_json(entry))
     flight.journaled_tokens = tokens
     flight.journaled_at = progress.now()

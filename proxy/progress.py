@@ -50,6 +50,7 @@ class ProgressJournal:
         self._compact_bytes = compact_bytes
         self._clock = clock
         self._live: dict[str, dict[str, Any]] = {}  # request id -> latest payload
+        self._failing = False  # the last write failed (logged once)
         self._left = _read(path)  # what a previous process left, until recovered
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.fchmod(self._fd, 0o600)
@@ -82,11 +83,23 @@ class ProgressJournal:
     def now(self) -> float:
         return self._clock()
 
-    def note(self, request_id: str, payload: dict[str, Any]) -> None:
-        """Journal ``payload`` as the latest progress of ``request_id`` (``OSError`` if the
-        disk refuses: the caller carries on, the stream is then billed only at its end)."""
+    def note(self, request_id: str, payload: dict[str, Any]) -> bool:
+        """Journal ``payload`` as the latest progress of ``request_id``; False if the disk
+        refused (logged once per failing spell: the stream is then billed at its end, and
+        only its last journaled progress if the gateway dies first)."""
         self._live[request_id] = payload
-        self._append(request_id, payload)
+        try:
+            self._append(request_id, payload)
+        except OSError as exc:
+            if not self._failing:
+                log.warning("progress journal: write failed (%s); cut streams may be billed "
+                            "short until it works again", exc)
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("progress journal: writes work again")
+        self._failing = False
+        return True
 
     def done(self, request_id: str) -> None:
         """``request_id`` finished (its row is in the outbox): no longer a cut stream."""
@@ -94,10 +107,13 @@ class ProgressJournal:
             return
         try:
             self._append(request_id, None)
-        except OSError:
-            log.warning("progress journal: cannot mark %s finished", request_id)
+        except OSError:  # recovered at the next start: the ledger keeps the final row
+            log.debug("progress journal: cannot mark %s finished", request_id)
         if self._size > self._compact_bytes:
-            self._rewrite()
+            try:
+                self._rewrite()
+            except OSError as exc:
+                log.warning("progress journal: compaction failed (%s)", exc)
 
     def _append(self, request_id: str, payload: dict[str, Any] | None) -> None:
         data = (_COMPACT_JSON.encode([request_id, payload]) + "\n").encode()

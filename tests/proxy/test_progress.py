@@ -77,3 +77,19 @@ def test_compaction_keeps_live_streams_only(tmp_path: Path) -> None:
 def test_bad_intervals_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         ProgressJournal.in_dir(tmp_path, every_tokens=0)
+
+
+def test_a_refusing_disk_is_reported_not_raised(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    journal = ProgressJournal.in_dir(tmp_path)
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    assert not journal.note("a", {"completion_tokens": 1})
+    journal.done("a")  # nothing raised either
+    monkeypatch.undo()
+    assert journal.note("b", {"completion_tokens": 2})
