@@ -55,6 +55,7 @@ class LedgerEntry:
     created_at: datetime
     latency_ms: float | None = None
     ttft_ms: float | None = None
+    cut: bool = False  # a stream cut short (proxy.progress): billed what it had delivered
 
     @property
     def usage(self) -> Usage:
@@ -101,6 +102,7 @@ def _rated_row(entry: LedgerEntry, price: Price | _PriceRow | None) -> dict[str,
         "recorded_at": datetime.now(UTC),
         "latency_ms": entry.latency_ms,
         "ttft_ms": entry.ttft_ms,
+        "cut": bool(entry.cut),
         "price_id": None if price is None else price.id,
         "billed_pico": charge.billed_pico,
         "list_pico": charge.list_pico,

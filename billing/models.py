@@ -27,6 +27,7 @@ from sqlalchemy import (
     MetaData,
     String,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -209,6 +210,9 @@ class UsageRecord(Base):
     recorded_at: Mapped[datetime] = mapped_column(UtcDateTime())  # row written
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the stream was cut (gateway crash, worker failure mid-stream): billed what it had
+    # delivered by then (proxy.progress)
+    cut: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"), nullable=True)
     billed_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)

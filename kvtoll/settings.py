@@ -67,6 +67,16 @@ class Settings(BaseSettings):
     rate_limit_requests_per_minute: int = Field(default=6000, ge=1)
     rate_limit_tokens_per_minute: int = Field(default=1_000_000, ge=1)
     rate_limit_burst_s: float = Field(default=10.0, gt=0)
+    # Timeouts: everywhere a request waits on something (proxy.config.from_settings).
+    db_connect_timeout_s: float = Field(default=5.0, gt=0)
+    db_statement_timeout_ms: int = Field(default=5000, ge=0)  # 0: none
+    sqlite_busy_timeout_ms: int = Field(default=5000, ge=0)
+    redis_socket_timeout_s: float = Field(default=0.5, gt=0)
+    worker_connect_timeout_s: float = Field(default=5.0, gt=0)
+    worker_read_timeout_s: float = Field(default=60.0, gt=0)  # first byte, and between two
+    # Crash-safe metering: a stream's progress is journaled every N tokens or M ms.
+    progress_every_tokens: int = Field(default=16, ge=1)
+    progress_every_ms: int = Field(default=500, ge=1)
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:

@@ -9,9 +9,11 @@ admission, rate limiting, spend budgets (:mod:`proxy.budget`), metering with its
 outbox, metrics and routes around them,
 and serves the web dashboards and usage APIs (:func:`web.app.include_web_routers`)
 with the gateway's cached key resolver and a worker-status view of the pool.
-Startup drains the usage outbox (entries left by a crashed process) and starts two
-background loops: the outbox drainer (:mod:`proxy.metering`) and upstream health
-checks. Shutdown stops them and
+Startup bills the streams a killed process left unfinished (:mod:`proxy.progress`,
+into the outbox), drains the usage outbox (entries left by a crashed process), checks
+every upstream once and starts three background loops: the outbox drainer
+(:mod:`proxy.metering`), upstream health checks and the dependency probes behind
+``/readyz`` (:mod:`proxy.probes`). Shutdown stops them and
 closes the upstreams, the rate limiter and the outbox.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,7 +38,7 @@ from kvtoll.settings import Settings
 from proxy import admin
 from proxy.auth import AuthError, KeyAuthenticator
 from proxy.budget import BudgetGuard
-from proxy.config import ProxyConfig
+from proxy.config import ProxyConfig, from_settings
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.http import openai as openai_routes
 from proxy.http import ops as ops_routes
@@ -46,6 +49,8 @@ from proxy.metering import InProcessLedgerSink, LedgerSink, Meter
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.pool import UpstreamPool
+from proxy.probes import DependencyProbes, Probe, database_probe, redis_probe
+from proxy.progress import ProgressJournal
 from proxy.prompt import PromptCounter
 from proxy.ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from proxy.service import Gateway
@@ -69,7 +74,8 @@ def _limiter(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics,
              prefix: str) -> RateLimiter:
     if settings.redis_url:
         return RedisRateLimiter.from_url(
-            settings.redis_url, config.rate_limits, metrics, prefix=prefix
+            settings.redis_url, config.rate_limits, metrics, prefix=prefix,
+            socket_timeout_s=config.redis_socket_timeout_s,
         )
     return LocalRateLimiter(burst_s=config.rate_limits.burst_s)
 
@@ -79,7 +85,8 @@ def _budget_guard(settings: Settings, config: ProxyConfig, metrics: ProxyMetrics
     """Budget counters in the rate limits' store (Redis when configured), refreshed
     from the database on the key cache's TTL."""
     counters: SpendCounters = (
-        RedisSpendCounters.from_url(settings.redis_url, metrics) if settings.redis_url
+        RedisSpendCounters.from_url(settings.redis_url, metrics, config.redis_socket_timeout_s)
+        if settings.redis_url
         else LocalSpendCounters()
     )
     return BudgetGuard(factory, counters, metrics, prefix=f"{prefix}budget:",
@@ -123,7 +130,7 @@ def create_app(
     settings.server_secret()  # raises ValueError without one (outside dev mode)
     if not models:
         raise ValueError("at least one model name is required")
-    config = config or ProxyConfig.from_settings(settings)
+    config = config or from_settings(settings)
     metrics = ProxyMetrics.create()
     limiter = limiter or _limiter(settings, config, metrics, ratelimit_prefix)
     budgets = _budget_guard(settings, config, metrics, session_factory, ratelimit_prefix)
@@ -206,16 +213,44 @@ def _build_state(
                   sink=_ledger_sink(settings, session_factory))
     pool = UpstreamPool(upstreams, metrics)
     authenticator = KeyAuthenticator(
-        session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size
+        session_factory, ttl_s=config.auth_cache_ttl_s, max_entries=config.auth_cache_size,
+        wait_s=config.auth_wait_s,
     )
+    progress = ProgressJournal.in_dir(settings.data_dir, every_tokens=config.progress_every_tokens,
+                                      every_s=config.progress_every_s)
     intake = Intake(config, authenticator, limiter, PromptCounter(parts.tokenizer), metrics,
                     models=models, context_len=parts.context_len, budgets=parts.budgets)
     gateway = Gateway(pool=pool, meter=meter, metrics=metrics, config=config,
                       server_secret=settings.server_secret(), tokenizer=parts.tokenizer,
-                      semantic=parts.semantic, router=parts.router, budgets=parts.budgets)
+                      semantic=parts.semantic, router=parts.router, budgets=parts.budgets,
+                      progress=progress)
     return ProxyState(settings=settings, config=config, session_factory=session_factory,
                       metrics=metrics, intake=intake, gateway=gateway, pool=pool, meter=meter,
-                      outbox=outbox, limiter=limiter, models=tuple(models))
+                      outbox=outbox, limiter=limiter, models=tuple(models),
+                      probes=_probes(settings, config, session_factory), progress=progress)
+
+
+def _probes(settings: Settings, config: ProxyConfig,
+            session_factory: sessionmaker[Session]) -> DependencyProbes:
+    """The database probe, and Redis's when configured (clients made at first use)."""
+    probes: dict[str, Probe] = {"database": database_probe(session_factory)}
+    if settings.redis_url:
+        url = settings.redis_url
+        probes["redis"] = _lazy(lambda: redis_probe(url, config.redis_socket_timeout_s)[0])
+    return DependencyProbes(probes, interval_s=config.probe_interval_s,
+                            timeout_s=config.probe_timeout_s)
+
+
+def _lazy(make: Callable[[], Probe]) -> Probe:
+    """A probe built at its first call (no thread or client before the app starts)."""
+    made: list[Probe] = []
+
+    async def probe() -> None:
+        if not made:
+            made.append(make())
+        await made[0]()
+
+    return probe
 
 
 @contextlib.asynccontextmanager
@@ -232,10 +267,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def _running(state: ProxyState) -> AsyncIterator[None]:
+    _bill_cut_streams(state)  # streams a killed process left unfinished, into the outbox
     await state.meter.drain()  # usage a previous process left in the outbox
+    await state.pool.check_all()  # a worker down at start is down from the first request
+    config = state.config
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(state.meter.run_drainer()),
-        asyncio.create_task(state.pool.run_health_checks(state.config.health_check_interval_s)),
+        asyncio.create_task(state.pool.run_health_checks(config.health_check_interval_s,
+                                                         config.worker_probe_min_s)),
+        asyncio.create_task(state.probes.run()),
     ]
     try:
         yield
@@ -243,9 +283,24 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await state.probes.aclose()
+        state.intake.authenticator.close()
         await state.gateway.aclose()
         await state.meter.drain()  # a graceful stop leaves nothing behind if the DB is up
         await state.meter.close()
         await state.limiter.aclose()
         await state.pool.aclose()
         await asyncio.to_thread(state.outbox.close)
+        state.progress.close()
+
+
+def _bill_cut_streams(state: ProxyState) -> None:
+    """Put the provisional rows of streams a killed process never finished into the
+    outbox (each request id once: a final row already queued or written wins)."""
+    left = state.progress.recover()
+    for request_id, payload in left:
+        state.outbox.put(request_id, payload)
+    if left:
+        logging.getLogger(__name__).warning(
+            "billed %d stream(s) cut by the previous process's end", len(left))
+    state.progress.forget_recovered()

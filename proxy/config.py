@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from billing.db import DbTimeouts
 from billing.keys import REVOCATION_BOUND_S
 from kvtoll.settings import Settings
 
@@ -59,14 +60,46 @@ class ProxyConfig:
     # Semantic-cache stores run after the response; past this many still waiting (misses
     # arriving faster than they can be embedded) further answers are not stored.
     max_pending_cache_stores: int = 256
+    # Crash-safe metering (proxy.progress): a streamed request's tokens so far are
+    # journaled at least every this many tokens or seconds.
+    progress_every_tokens: int = 16
+    progress_every_s: float = 0.5
+    # Dependency probes behind /readyz (proxy.probes): how often, and how long a probe
+    # may take before its dependency counts as down (a hang is a failure).
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 2.0
+    # How long a request from a never-seen key waits for the key store before a 503.
+    auth_wait_s: float = 5.0
+    worker_probe_min_s: float = 0.5  # first re-probe of a down worker; doubles up to the interval
+    redis_socket_timeout_s: float = 0.5
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ProxyConfig:
-        """The defaults, with the rate limits the settings (``KVTOLL_RATE_LIMIT_*``) give."""
-        defaults = cls()
-        return replace(defaults, rate_limits=replace(
-            defaults.rate_limits,
+
+def from_settings(settings: Settings, base: ProxyConfig | None = None) -> ProxyConfig:
+    """``base`` (default: the defaults) with the timeouts and the default rate limits
+    (``KVTOLL_RATE_LIMIT_*``) of ``settings``."""
+    worker_s = settings.worker_read_timeout_s
+    config = base or ProxyConfig()
+    return replace(
+        config,
+        rate_limits=replace(
+            config.rate_limits,
             requests_per_minute=settings.rate_limit_requests_per_minute,
             tokens_per_minute=settings.rate_limit_tokens_per_minute,
             burst_s=settings.rate_limit_burst_s,
-        ))
+        ),
+        upstream_first_byte_timeout_s=worker_s, upstream_idle_timeout_s=worker_s,
+        progress_every_tokens=settings.progress_every_tokens,
+        progress_every_s=settings.progress_every_ms / 1000,
+        auth_wait_s=settings.db_connect_timeout_s,
+        redis_socket_timeout_s=settings.redis_socket_timeout_s,
+    )
+
+
+def db_timeouts(settings: Settings) -> DbTimeouts:
+    """The gateway's database timeouts (a statement timeout of 0 means none)."""
+    return DbTimeouts(
+        connect_timeout_s=settings.db_connect_timeout_s,
+        statement_timeout_ms=settings.db_statement_timeout_ms or None,
+        sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+        pool_timeout_s=settings.db_connect_timeout_s,
+    )

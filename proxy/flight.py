@@ -1,6 +1,7 @@
 """One admitted request's state through the flow of :mod:`proxy.service`, and the ledger
-row it bills: the tokens (:func:`billable_tokens`) and the row itself
-(:func:`ledger_entry`)."""
+row it bills: the tokens (:func:`billable_tokens`), the row itself (:func:`ledger_entry`)
+and, while it streams, its provisional row in the progress journal
+(:func:`journal_progress`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy
 from proxy.intake import Prepared
+from proxy.metering import entry_to_json
+from proxy.progress import ProgressJournal
 from proxy.semantic.types import SemanticHit, SemanticQuery
 from proxy.tally import Tally
 from proxy.upstream.base import Upstream, UpstreamRequest
@@ -29,6 +32,9 @@ class Flight:
     query: SemanticQuery | None = None
     metered: bool = field(default=False)
     relayed: bool = field(default=False)  # the relay started: its finally meters
+    # crash-safe metering (proxy.progress): completion tokens and time last journaled
+    journaled_tokens: int = field(default=0)
+    journaled_at: float = field(default=0.0)
 
 
 def billable_tokens(flight: Flight) -> tuple[int, int, int]:
@@ -49,7 +55,7 @@ def billable_tokens(flight: Flight) -> tuple[int, int, int]:
 
 
 def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int,
-                  completion: int) -> LedgerEntry:
+                  completion: int, *, cut: bool = False) -> LedgerEntry:
     prep = flight.prep
     now = time.perf_counter()
     first = flight.tally.first_token_at
@@ -63,4 +69,21 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
         created_at=prep.arrived_at,
         latency_ms=round((now - prep.started) * 1000, 3),
         ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
+        cut=cut,
     )
+
+
+def journal_progress(progress: ProgressJournal, flight: Flight) -> None:
+    """Journal ``flight``'s tokens so far, as the row a cut stream bills, once one
+    journal interval has passed since the last time (:mod:`proxy.progress`)."""
+    if flight.metered:
+        return
+    tokens = flight.tally.completion_tokens()
+    if not progress.due(tokens, flight.journaled_tokens, flight.journaled_at):
+        return
+    prompt, cached, completion = billable_tokens(flight)
+    entry = ledger_entry(flight, RequestStatus.UPSTREAM_ERROR, prompt, cached, completion,
+                         cut=True)
+    progress.note(entry.request_id, entry_to_json(entry))
+    flight.journaled_tokens = tokens
+    flight.journaled_at = progress.now()

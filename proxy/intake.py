@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import anyio
-
 from billing.accounts import KeyIdentity
 from kvtoll.openai.errors import INVALID_REQUEST, OpenAIError, decode_json_body
 from kvtoll.openai.protocol import (
@@ -34,7 +32,7 @@ from proxy.budget import BudgetGuard, BudgetHold
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.prompt import PromptCount, PromptCounter
-from proxy.ratelimit import KeyLimits, RateLimiter
+from proxy.ratelimit import KeyLimits, RateDecision, RateLimiter
 
 Kind = Literal["chat", "completion"]
 
@@ -73,6 +71,7 @@ class Prepared:
     no_cache: bool  # Cache-Control: no-cache -> skip the semantic lookup
     no_store: bool  # Cache-Control: no-store -> do not store the answer
     budget: BudgetHold | None = None  # the reservation against the key's budgets, if any
+    rate: RateDecision | None = None  # what the rate limiter counted (refunded on failure)
 
     @property
     def model(self) -> str:
@@ -167,11 +166,12 @@ class Intake:
         return new_request_id()
 
     async def authenticate(self, authorization: str | None) -> KeyIdentity:
-        """The caller's identity; database lookups run in a worker thread."""
+        """The caller's identity; a key seen before never waits on the database
+        (:meth:`KeyAuthenticator.resolve`)."""
         identity = self._auth.cached(authorization)
         if identity is not None:
             return identity
-        return await anyio.to_thread.run_sync(self._auth.authenticate, authorization)
+        return await self._auth.resolve(authorization)
 
     async def prepare(
         self,
@@ -200,7 +200,7 @@ class Intake:
             prompt.num_tokens, wanted, request.n, self._config.limits,
             context_len=self._context_len,
         )
-        await self._rate_limit(identity, admitted)
+        rate = await self._rate_limit(identity, admitted)
         request_id = self._new_request_id()
         budget = None if self._budgets is None else await self._budgets.hold(
             identity, request.model, admitted.prompt_tokens, admitted.max_tokens * admitted.n,
@@ -215,10 +215,16 @@ class Intake:
         return Prepared(
             request_id=request_id, kind=kind, identity=identity, request=normalized,
             body=body, admitted=admitted, prompt=prompt, arrived_at=arrived_at,
-            started=started, no_cache=no_cache, no_store=no_store, budget=budget,
+            started=started, no_cache=no_cache, no_store=no_store, budget=budget, rate=rate,
         )
 
-    async def _rate_limit(self, identity: KeyIdentity, admitted: Admitted) -> None:
+    async def refund(self, prep: Prepared) -> None:
+        """Hand ``prep``'s rate-limit charge back: it failed before anything was served."""
+        if prep.rate is not None:
+            await self._limiter.refund(prep.identity.key_id, prep.rate,
+                                       prep.admitted.cost_tokens)
+
+    async def _rate_limit(self, identity: KeyIdentity, admitted: Admitted) -> RateDecision:
         defaults = self._config.rate_limits
         limits = KeyLimits(
             identity.requests_per_minute or defaults.requests_per_minute,
@@ -229,3 +235,4 @@ class Intake:
             limit = decision.limit or "requests"
             self._metrics.ratelimited.labels(limit).inc()
             raise RateLimited(limit, decision.retry_after_s)
+        return decision

@@ -29,11 +29,13 @@ file, one between taking and settling the ``.taken`` file: both are absorbed at 
 next start (with the journal itself; duplicates ignored); a torn last line (power
 loss) is logged and skipped.
 ``put`` runs in the event loop, the rest (blocking, short) in a worker thread. One
-gateway process per ``data_dir``.
+gateway process per ``data_dir``. Every outbox file is readable by its owner only
+(mode 0600: usage records name tenants, keys and models).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -48,6 +50,12 @@ JOURNAL_FILE = "outbox.journal"
 ABSORBING_SUFFIX = ".absorbing"
 TAKEN_SUFFIX = ".taken"
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # built once, not per record
+
+
+def owner_only(path: Path) -> None:
+    """``chmod 0600`` ``path`` if it exists."""
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(path, 0o600)
 
 
 class Outbox:
@@ -72,6 +80,8 @@ class Outbox:
             "CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
             " request_id TEXT NOT NULL UNIQUE, payload TEXT NOT NULL)"
         )
+        for name in (path.name, path.name + "-wal", path.name + "-shm"):
+            owner_only(path.with_name(name))
         with self._lock:  # left by a crash: absorbing, taken, or never drained
             for left in (self._absorbing, self._taken, self._journal):
                 self._absorb_file(left)
@@ -86,6 +96,7 @@ class Outbox:
         """Open (append) the journal and note its size (call with ``_journal_lock`` held
         once the outbox is in use)."""
         fd = os.open(self._journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
         self._size = os.fstat(fd).st_size
         if self._size and os.pread(fd, 1, self._size - 1) != b"\n":
             self._size += os.write(fd, b"\n")  # a torn last line stays alone (skipped)

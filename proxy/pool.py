@@ -1,19 +1,25 @@
 """The upstreams a gateway may use, with periodic health checks.
 
-Every upstream starts healthy. A background task calls ``health()`` on each every
-``interval_s`` seconds; a failed check, or a connection failure seen by a request,
-marks it unhealthy until a later check passes. Candidates for a request are the
-healthy upstreams in the configured order, or all of them if none is healthy (better
-to try than to refuse outright). Upstreams can join (:meth:`UpstreamPool.add`) and
-leave (:meth:`UpstreamPool.remove`) while serving: a fleet manager (the routing
-stack following the worker registry) keeps the pool in step with live workers; a
-request already streaming from a removed upstream finishes on it.
+Every upstream starts healthy; the app runs one round of checks before serving, so
+a worker unreachable at start is down from the first request on (the gateway starts
+with any subset of its workers up). A background task calls ``health()`` on each
+healthy upstream every ``interval_s`` seconds; a failed check, or a failure seen by
+a request (refused, cut, silent past its timeout), marks it unhealthy at once. A
+down upstream is re-probed with backoff: after ``min_backoff_s``, then twice as
+long each time, at most ``interval_s``; the first check that passes brings it back.
+Candidates for a request are the healthy upstreams in the configured order, or all
+of them if none is healthy (better to try than to refuse outright). Upstreams can
+join (:meth:`UpstreamPool.add`) and leave (:meth:`UpstreamPool.remove`) while
+serving: a fleet manager (the routing stack following the worker registry) keeps the
+pool in step with live workers; a request already streaming from a removed upstream
+finishes on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 from proxy.metrics import ProxyMetrics
@@ -35,6 +41,9 @@ class UpstreamPool:
         self._upstreams = tuple(upstreams)
         self._metrics = metrics
         self._healthy = dict.fromkeys(names, True)
+        self._next_check: dict[str, float] = {}  # name -> monotonic time of its next probe
+        self._backoff: dict[str, float] = {}  # name -> wait before the next probe while down
+        self._min_backoff_s = 0.5
         for name in names:
             metrics.upstream_healthy.labels(name).set(1)
 
@@ -62,6 +71,8 @@ class UpstreamPool:
             return None
         self._upstreams = tuple(u for u in self._upstreams if u.name != name)
         del self._healthy[name]
+        self._next_check.pop(name, None)
+        self._backoff.pop(name, None)
         self._metrics.upstream_healthy.remove(name)
         log.info("upstream %s left the pool", name)
         return found
@@ -80,6 +91,9 @@ class UpstreamPool:
             return  # removed meanwhile
         if self._healthy[upstream.name] != healthy:
             log.info("upstream %s is now %s", upstream.name, "healthy" if healthy else "DOWN")
+            if not healthy:  # probe it again soon, then back off
+                self._backoff[upstream.name] = self._min_backoff_s
+                self._next_check[upstream.name] = time.monotonic() + self._min_backoff_s
         self._healthy[upstream.name] = healthy
         self._metrics.upstream_healthy.labels(upstream.name).set(int(healthy))
 
@@ -97,11 +111,33 @@ class UpstreamPool:
         except Exception:
             return False
 
-    async def run_health_checks(self, interval_s: float) -> None:
-        """Check forever every ``interval_s`` (cancel the task to stop)."""
+    async def run_health_checks(self, interval_s: float, min_backoff_s: float = 0.5) -> None:
+        """Check forever: healthy upstreams every ``interval_s``, down ones with backoff
+        (see module doc; cancel the task to stop)."""
+        self._min_backoff_s = min_backoff_s = min(min_backoff_s, interval_s)
+        now = time.monotonic()
+        for u in self._upstreams:
+            self._next_check.setdefault(u.name, now + interval_s)
         while True:
-            await asyncio.sleep(interval_s)
-            await self.check_all()
+            await asyncio.sleep(min_backoff_s / 2)
+            now = time.monotonic()
+            due = [u for u in self._upstreams if now >= self._next_check.get(u.name, 0.0)]
+            if not due:
+                continue
+            results = await asyncio.gather(*(self._check(u) for u in due))
+            now = time.monotonic()
+            for upstream, ok in zip(due, results, strict=True):
+                name = upstream.name
+                if name not in self._healthy:
+                    continue  # removed meanwhile
+                self.mark(upstream, ok)
+                if ok:
+                    self._backoff[name] = min_backoff_s
+                    self._next_check[name] = now + interval_s
+                else:
+                    wait = self._backoff.get(name, min_backoff_s)
+                    self._next_check[name] = now + wait
+                    self._backoff[name] = min(wait * 2, interval_s)
 
     async def aclose(self) -> None:
         for upstream in self._upstreams:

@@ -13,8 +13,11 @@ in the GCRA formulation (one number per bucket: the "theoretical arrival time"
         costing more than the whole capacity is slowed down, never refused forever)
 
 A request costs 1 on the requests bucket and ``prompt tokens + max_tokens`` (the most it
-can generate, charged up front, never refunded) on the tokens bucket; it is admitted
-only if both buckets admit it, and then both are charged. A key that has been idle
+can generate, charged up front) on the tokens bucket; it is admitted only if both
+buckets admit it, and then both are charged. A request that fails before any of it was
+served (no upstream could answer: 502/503/504) is handed back with
+:meth:`RateLimiter.refund` (its charge is taken off both buckets' ``tat``, never below
+now), so failures do not eat a key's budget. A key that has been idle
 may send ``capacity`` requests at once, then ``rate`` per second; over any 60 s it
 gets at most ``L * (1 + burst_s / 60)`` (no 2x at a window edge, as fixed windows
 allowed). A refusal carries ``retry_after_s`` = seconds until the request would be
@@ -56,11 +59,20 @@ class RateDecision:
     allowed: bool
     retry_after_s: int = 0
     limit: str | None = None  # "requests" | "tokens" when refused
+    # What an admitted request charged each bucket, in seconds of its tat (refund)
+    charged_requests_s: float = 0.0
+    charged_tokens_s: float = 0.0
+    local: bool = False  # counted by a local limiter (the Redis limiter's fallback)
 
 
 class RateLimiter(Protocol):
     async def check(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
         """Admit (and count) one request of ``cost_tokens`` for ``key_id``, or refuse it."""
+        ...
+
+    async def refund(self, key_id: str, decision: RateDecision, cost_tokens: int) -> None:
+        """Take back an admitted request that failed unserved (a bucket that has refilled
+        since stays full)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -143,7 +155,20 @@ class LocalRateLimiter:
         self._tats[key_id] = (new_r, new_t)
         if len(self._tats) > 100_000:  # forget keys whose buckets are full again
             self._tats = {k: v for k, v in self._tats.items() if max(v) > now}
-        return RateDecision(True)
+        return RateDecision(True, charged_requests_s=new_r - max(tat_r, now),
+                            charged_tokens_s=new_t - max(tat_t, now), local=True)
+
+    async def refund(self, key_id: str, decision: RateDecision, cost_tokens: int) -> None:
+        """See :class:`RateLimiter`."""
+        self.refund_now(key_id, decision)
+
+    def refund_now(self, key_id: str, decision: RateDecision) -> None:
+        tats = self._tats.get(key_id)
+        if tats is None or not decision.allowed:
+            return
+        now = self._clock()
+        self._tats[key_id] = (max(now, tats[0] - decision.charged_requests_s),
+                              max(now, tats[1] - decision.charged_tokens_s))
 
     async def aclose(self) -> None:
         self._tats.clear()
@@ -170,6 +195,17 @@ redis.call('HSET', KEYS[1], 'r', string.format('%.3f', new_r), 't', string.forma
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(new_r, new_t) - now) + 1000)
 return {0, 0}
 """
+# KEYS[1]: as above; ARGV: ms to take off the requests tat, ms off the tokens tat.
+_REFUND_LUA = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+local v = redis.call('HMGET', KEYS[1], 'r', 't')
+if not v[1] then return 0 end
+local r = math.max(now, tonumber(v[1]) - tonumber(ARGV[1]))
+local t = math.max(now, tonumber(v[2]) - tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'r', string.format('%.3f', r), 't', string.format('%.3f', t))
+return 0
+"""
 _REFUSALS = {1: "requests", 2: "tokens"}
 
 
@@ -187,6 +223,7 @@ class RedisRateLimiter:
     ) -> None:
         self._client = client
         self._script = client.register_script(_LUA)
+        self._refund = client.register_script(_REFUND_LUA)
         self._defaults = defaults
         self._metrics = metrics
         self._prefix = prefix
@@ -197,13 +234,15 @@ class RedisRateLimiter:
 
     @classmethod
     def from_url(
-        cls, url: str, defaults: RateLimitDefaults, metrics: ProxyMetrics, *, prefix: str
+        cls, url: str, defaults: RateLimitDefaults, metrics: ProxyMetrics, *, prefix: str,
+        socket_timeout_s: float = 0.5,
     ) -> RedisRateLimiter:
         """Connect lazily to ``url`` with short timeouts, so an outage is noticed fast."""
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(
-            url, socket_timeout=0.5, socket_connect_timeout=0.5, retry_on_timeout=False
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+            retry_on_timeout=False,
         )
         return cls(client, defaults, metrics, prefix=prefix)
 
@@ -217,7 +256,7 @@ class RedisRateLimiter:
         if self._retry_at and now < self._retry_at:
             return await self._local(key_id, limits, cost_tokens)
         requests, tokens = self._buckets.of(limits)
-        keys = [f"{self._prefix}{{{key_id}}}:b"]
+        keys = self._keys(key_id)
         args = [requests.interval_s * 1000, requests.tolerance_s * 1000,
                 tokens.interval_s * 1000, tokens.tolerance_s * 1000, cost_tokens]
         try:
@@ -233,7 +272,26 @@ class RedisRateLimiter:
             self._metrics.ratelimit_fallback.set(0)
         if code:
             return RateDecision(False, _retry(wait_ms / 1000), _REFUSALS[code])
-        return RateDecision(True)
+        # the charge; a bucket already past full is charged the same (refunds floor at now)
+        return RateDecision(True, charged_requests_s=requests.interval_s,
+                            charged_tokens_s=cost_tokens * tokens.interval_s)
+
+    def _keys(self, key_id: str) -> list[str]:
+        return [f"{self._prefix}{{{key_id}}}:b"]
+
+    async def refund(self, key_id: str, decision: RateDecision, cost_tokens: int) -> None:
+        """See :class:`RateLimiter`; a request counted by the local fallback is refunded
+        there; a Redis failure loses the refund (never fails the request)."""
+        if not decision.allowed:
+            return
+        if decision.local:
+            self._fallback.refund_now(key_id, decision)
+            return
+        try:
+            await self._refund(keys=self._keys(key_id), args=[
+                decision.charged_requests_s * 1000, decision.charged_tokens_s * 1000])
+        except Exception as exc:
+            log.debug("rate limiter: refund lost (%s)", exc)
 
     async def _local(self, key_id: str, limits: KeyLimits, cost_tokens: int) -> RateDecision:
         div = max(1, self._defaults.fallback_divisor)

@@ -12,7 +12,9 @@
                                                                   ledger row (client_disconnect
                                                                   / upstream_error, tokens so far)
 
-Retries happen only while opening (nothing has reached the client). Exactly one
+Retries happen only while opening (nothing has reached the client); an upstream that
+fails (refused, cut, silent past its timeout) is marked down in the pool at once,
+before or during the relay, so the next requests go around it. Exactly one
 ledger row is written per admitted request, from the relay's ``finally`` (shielded
 from cancellation), before the usage item is passed on. A request cancelled before
 its relay ran (while waiting for the upstream's first item, or after it but before
@@ -20,7 +22,10 @@ the response started: an async generator that never started runs no ``finally``)
 gets its row from :meth:`Reply.aclose` or from :meth:`Gateway.open` itself, status
 ``client_disconnect`` with what the upstream had produced; a semantic answer that
 completed with ``stop`` everywhere is offered to the cache afterwards in the
-background. Services never import FastAPI; the routes render what this yields.
+background. While a stream runs, its tokens so far are journaled
+(:mod:`proxy.progress`), so a gateway killed mid-stream bills them at its next start;
+a stream cut by its upstream is billed what it delivered, its row marked ``cut``.
+Services never import FastAPI; the routes render what this yields.
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
 from proxy.budget import BudgetGuard
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
-from proxy.flight import Flight, billable_tokens, ledger_entry
+from proxy.flight import Flight, billable_tokens, journal_progress, ledger_entry
 from proxy.hooks import RouterHook, SemanticCacheHook
 from proxy.intake import Prepared
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.semantic.capacity import TenantCapacity
+from proxy.progress import ProgressJournal
 from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
@@ -100,10 +106,13 @@ class Reply:
 
 
 class UpstreamUnavailable(OpenAIError):
-    def __init__(self, detail: str) -> None:
+    """502 ``upstream_unavailable``; 504 ``upstream_timeout`` when every upstream tried
+    stayed silent past its timeout."""
+
+    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
         super().__init__(
-            f"No upstream could serve the request: {detail}", status=502, type=SERVER_ERROR,
-            code="upstream_unavailable",
+            f"No upstream could serve the request: {detail}", status=504 if timed_out else 502,
+            type=SERVER_ERROR, code="upstream_timeout" if timed_out else "upstream_unavailable",
         )
 
 
@@ -122,8 +131,10 @@ class Gateway:
         semantic: SemanticCacheHook | None = None,
         router: RouterHook | None = None,
         budgets: BudgetGuard | None = None,
+        progress: ProgressJournal | None = None,
     ) -> None:
         self._pool = pool
+        self._progress = progress
         self._budgets = budgets
         self._meter = meter
         self._metrics = metrics
@@ -225,6 +236,7 @@ class Gateway:
         cancelled while an upstream works on it, that upstream's stream is closed and
         ``flight.upstream`` names it (so its router slot is released with the row)."""
         problems: list[str] = []
+        timeouts = 0
         for upstream in await self._candidates(request):
             stream = upstream.stream(request)
             try:
@@ -241,15 +253,17 @@ class Gateway:
             except (UpstreamError, TimeoutError, OSError, StopAsyncIteration) as exc:
                 await _close(stream)
                 problems.append(f"{upstream.name}: {exc or type(exc).__name__}")
+                timeouts += isinstance(exc, TimeoutError) or (
+                    isinstance(exc, UpstreamError) and exc.status == 504)
                 if isinstance(exc, UpstreamError) and not exc.retryable:
                     break
-                if not isinstance(exc, TimeoutError):
-                    self._pool.mark(upstream, False)
+                self._pool.mark(upstream, False)  # silent too: the probes bring it back
                 continue
             if self._router is not None:
                 await self._router.started(upstream, request)
             return upstream, first, stream
-        raise UpstreamUnavailable("; ".join(problems) or "no upstream configured")
+        raise UpstreamUnavailable("; ".join(problems) or "no upstream configured",
+                                  timed_out=bool(problems) and timeouts == len(problems))
 
     async def _relay(
         self, flight: Flight, source: AsyncIterator[Item], *, first: Item | None = None,
@@ -280,6 +294,8 @@ class Gateway:
                 if isinstance(item, UpstreamUsage):
                     await self._finish(flight, RequestStatus.OK)
                 yield item
+                if self._progress is not None and flight.prep.request.stream:
+                    journal_progress(self._progress, flight)  # after the item went out
                 item = None
             ended = True
             if not flight.metered:
@@ -287,6 +303,8 @@ class Gateway:
                 raise UpstreamError("upstream ended without usage", retryable=False)
         except (UpstreamError, OSError):
             status = RequestStatus.UPSTREAM_ERROR
+            if flight.upstream is not None:
+                self._pool.mark(flight.upstream, False)
             raise
         finally:
             if timer is not None:
@@ -320,10 +338,13 @@ class Gateway:
             return
         flight.metered = True
         prompt, cached, completion = billable_tokens(flight)
-        entry = ledger_entry(flight, status, prompt, cached, completion)
+        cut = status is RequestStatus.UPSTREAM_ERROR and completion > 0  # after its first token
+        entry = ledger_entry(flight, status, prompt, cached, completion, cut=cut)
         if not self._meter.record_nowait(entry):  # the outbox failed: to the ledger now
             with anyio.CancelScope(shield=True):
                 await self._meter.record_directly(entry)
+        if self._progress is not None and flight.journaled_tokens:
+            self._progress.done(entry.request_id)
         if self._budgets is not None and flight.prep.budget is not None:
             self._budgets.settle(flight.prep.budget, entry)
         # Metrics after the response is on its way: the client waits for nothing here.

@@ -146,11 +146,13 @@ class RedisSpendCounters:
         self._retry_at = 0.0
 
     @classmethod
-    def from_url(cls, url: str, metrics: ProxyMetrics) -> RedisSpendCounters:
+    def from_url(cls, url: str, metrics: ProxyMetrics,
+                 socket_timeout_s: float = 0.5) -> RedisSpendCounters:
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(
-            url, socket_timeout=0.5, socket_connect_timeout=0.5, retry_on_timeout=False
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+            retry_on_timeout=False,
         )
         return cls(client, metrics)
 

@@ -18,6 +18,7 @@ is loaded where possible; the CLI turns it into exit code 2.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,14 +31,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing import migrate
 from billing.accounts import get_tenant_by_name
-from billing.db import make_engine, session_factory
+from billing.db import DbTimeouts, make_engine, session_factory
 from billing.schema import SCHEMA_REVISION, schema_revision
 from engine.api import Tokenizer
 from kvtoll.settings import Settings
 from proxy.app import Resource, create_app
+from proxy.config import db_timeouts, from_settings
 from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
 from proxy.upstream.base import Upstream
 from proxy.upstream.link import WorkerLink
+
+log = logging.getLogger(__name__)
 
 
 class StackError(ValueError):
@@ -87,12 +91,12 @@ def check_worker_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def prepare_database(url: str) -> sessionmaker[Session]:
+def prepare_database(url: str, timeouts: DbTimeouts | None = None) -> sessionmaker[Session]:
     """SQLite is migrated to head on start; another database must already be at head."""
     try:
         if make_url(url).get_backend_name() == "sqlite":
             migrate.upgrade(url)
-        engine = make_engine(url)
+        engine = make_engine(url, timeouts=timeouts)
         if schema_revision(engine) != SCHEMA_REVISION:
             engine.dispose()
             raise StackError("the billing database is not migrated: run `kvtoll db upgrade`")
@@ -103,22 +107,31 @@ def prepare_database(url: str) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
-def worker_models(urls: tuple[str, ...], link: WorkerLink | None = None) -> list[str]:
-    """Model ids the workers serve (``GET /v1/models``), in first-seen order;
+def worker_models(urls: tuple[str, ...], link: WorkerLink | None = None,
+                  timeout_s: float = 10.0) -> list[str]:
+    """Model ids the workers serve (``GET /v1/models``), in first-seen order. A worker
+    that cannot be reached is skipped with a warning (it starts down; the pool's
+    probes bring it in once it answers), as long as one worker answers.
     :class:`StackError` when workers serve one model in different dtypes (kvtoll workers
     name theirs in ``data[i].kvtoll.dtype``), since one prompt would then get different
     answers depending on the worker."""
     found: list[str] = []
     dtypes: dict[str, dict[str, list[str]]] = {}  # model -> dtype -> worker urls
     options = (link or WorkerLink()).httpx_options()
+    problems: list[str] = []
     for url in urls:
         try:
-            response = httpx.get(url.removesuffix("/v1") + "/v1/models", timeout=10, **options)
+            response = httpx.get(url.removesuffix("/v1") + "/v1/models", timeout=timeout_s,
+                                 **options)
             refused = response.status_code == 401
             if not refused:
                 response.raise_for_status()
                 listed = response.json()["data"]
                 ids = [str(m["id"]) for m in listed]
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            log.warning("worker %s is unreachable at start (%s); it starts down", url, exc)
+            problems.append(f"{url}: {exc}")
+            continue
         except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
             raise StackError(f"cannot list the models of worker {url}: {exc}") from exc
         if refused:
@@ -129,6 +142,9 @@ def worker_models(urls: tuple[str, ...], link: WorkerLink | None = None) -> list
             if dtype is not None:
                 dtypes.setdefault(model_id, {}).setdefault(dtype, []).append(url)
         found += [m for m in ids if m not in found]
+    if not found and problems:
+        raise StackError("no worker could be reached to list its models: "
+                         + "; ".join(problems))
     check_one_dtype_per_model(dtypes)
     return found
 
@@ -170,10 +186,13 @@ def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
     context = link.ssl_context()
     upstreams: list[Upstream] = [
         HttpUpstream(HttpUpstreamConfig(base_url=u, api_key=link.token or None,
-                                        ssl_context=context))
+                                        ssl_context=context,
+                                        connect_timeout_s=settings.worker_connect_timeout_s,
+                                        read_timeout_s=settings.worker_read_timeout_s))
         for u in options.workers
     ]
-    parts = _Parts(upstreams, worker_models(options.workers, link))
+    parts = _Parts(upstreams, worker_models(options.workers, link,
+                                            settings.worker_connect_timeout_s))
     parts.tokenizer = _worker_tokenizer(parts.models, options.tokenizer)
     redis = None
     if settings.worker_discovery and settings.redis_url:  # opt-in: --worker is authoritative
@@ -246,7 +265,7 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
                          "give at least one --worker")
     options = ServeOptions(workers, options.semantic, options.routing_policy, options.tokenizer)
     remote = _remote_parts(settings, options) if workers else None  # workers answer first
-    factory = prepare_database(settings.database_url)
+    factory = prepare_database(settings.database_url, db_timeouts(settings))
     parts = remote or _local_parts(settings)
     if options.semantic:
         _add_semantic(parts, settings, factory)
@@ -255,6 +274,6 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
         tokenizer=parts.tokenizer, context_len=parts.context_len, semantic=parts.semantic,
         router=parts.router, fleet=parts.fleet, resources=parts.resources,
         extra_routers=parts.routers,
-        **app_kwargs,
+        **{"config": from_settings(settings), **app_kwargs},
     )
     return Stack(app, tuple(parts.models), parts.closers)

@@ -13,6 +13,8 @@ from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.pool import UpstreamPool
+from proxy.probes import DependencyProbes
+from proxy.progress import ProgressJournal
 from proxy.ratelimit import RateLimiter
 from proxy.service import Gateway
 
@@ -30,3 +32,5 @@ class ProxyState:
     outbox: Outbox
     limiter: RateLimiter
     models: tuple[str, ...]
+    probes: DependencyProbes
+    progress: ProgressJournal

@@ -22,7 +22,9 @@ everything once middleware is added, goes through the stack to the same routes::
                                 dashboards, admin), 404 / 405
 
 Behaviour: OpenAI error objects for every refusal (401, 400, 404, 413, 429 with
-``Retry-After``, 502), a 500 in the same shape for an unexpected failure,
+``Retry-After``, 502/503/504 with ``Retry-After``, and, once the request has an id,
+``x-request-id`` and ``x-kvtoll-request-id``; a request that failed unserved is
+refunded to the key's rate limit), a 500 in the same shape for an unexpected failure,
 ``x-kvtoll-*`` headers, SSE with the same headers, and a streamed response is
 cancelled as soon as the client disconnects (so its ledger row says
 ``client_disconnect``).
@@ -114,12 +116,21 @@ async def send_json(send: Send, status: int, content: Any,
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _error_headers(exc: OpenAIError) -> list[tuple[bytes, bytes]]:
+RETRY_AFTER_UNAVAILABLE_S = 1  # Retry-After of a 502/503/504: a dependency failed
+
+
+def _error_headers(exc: OpenAIError, request_id: str | None) -> list[tuple[bytes, bytes]]:
+    headers: list[tuple[bytes, bytes]] = []
+    if request_id is not None:
+        rid = request_id.encode("latin-1")
+        headers += [(b"x-request-id", rid), (b"x-kvtoll-request-id", rid)]
     if isinstance(exc, RateLimited):
-        return [(b"retry-after", str(exc.retry_after_s).encode("latin-1"))]
-    if isinstance(exc, BudgetExceeded):  # retrying cannot help (OpenAI's SDKs read this)
-        return [(b"x-should-retry", b"false")]
-    return []
+        headers.append((b"retry-after", str(exc.retry_after_s).encode("latin-1")))
+    elif isinstance(exc, BudgetExceeded):  # retrying cannot help (OpenAI's SDKs read this)
+        headers.append((b"x-should-retry", b"false"))
+    elif exc.status in (502, 503, 504):
+        headers.append((b"retry-after", str(RETRY_AFTER_UNAVAILABLE_S).encode("latin-1")))
+    return headers
 
 
 async def read_body(receive: Receive, declared: str | None, max_bytes: int) -> bytes:
@@ -152,6 +163,7 @@ class CompletionEndpoints:
         """Answer one request for ``path`` (a key of :data:`ROUTES`)."""
         kind, endpoint = ROUTES[path]
         started = False
+        request_id: list[str] = []  # set once intake gave the request its id
 
         async def send_tracked(message: Message) -> None:
             nonlocal started
@@ -159,11 +171,12 @@ class CompletionEndpoints:
             await send(message)
 
         try:
-            await self._complete(kind, endpoint, scope, receive, send_tracked)
+            await self._complete(kind, endpoint, scope, receive, send_tracked, request_id)
         except OpenAIError as exc:
             if started:
                 raise
-            await send_json(send, exc.status, exc.body(), _error_headers(exc))
+            await send_json(send, exc.status, exc.body(),
+                            _error_headers(exc, request_id[0] if request_id else None))
         except _ClientGone:
             return
         except Exception:
@@ -175,7 +188,7 @@ class CompletionEndpoints:
             await send_json(send, 500, error.body())
 
     async def _complete(self, kind: Kind, endpoint: str, scope: Scope, receive: Receive,
-                        send: Send) -> None:
+                        send: Send, request_id: list[str]) -> None:
         authorization = cache_control = declared = None
         for name, value in scope["headers"]:
             if name == b"authorization" and authorization is None:
@@ -190,11 +203,17 @@ class CompletionEndpoints:
             return await read_body(receive, declared, max_bytes)
 
         prep = await self._intake.prepare(kind, identity, body, cache_control)
-        reply = await self._gateway.open(prep, endpoint)
+        request_id.append(prep.request_id)
         try:
-            await self._respond(kind, prep, reply, receive, send)
-        finally:
-            await reply.aclose()  # a reply never read still gets its ledger row
+            reply = await self._gateway.open(prep, endpoint)
+            try:
+                await self._respond(kind, prep, reply, receive, send)
+            finally:
+                await reply.aclose()  # a reply never read still gets its ledger row
+        except OpenAIError as exc:
+            if exc.status >= 500:  # nothing was served: not counted against the key
+                await self._intake.refund(prep)
+            raise
 
     async def _respond(self, kind: Kind, prep: Prepared, reply: Reply, receive: Receive,
                        send: Send) -> None:

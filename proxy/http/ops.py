@@ -30,13 +30,24 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(state: StateDep) -> Response:
-    """Readiness: at least one upstream healthy. A failing database does not make the
-    gateway unready (usage goes to the outbox); it is reported in the body."""
-    ready = state.pool.any_healthy()
+    """Readiness: at least one upstream healthy and every dependency answering its
+    background probe (:mod:`proxy.probes`: ``database``, ``redis``); else 503, with
+    ``down`` naming what is down or hanging. Never waits on a dependency itself. While
+    not ready the gateway still serves what it can (keys it knows, usage into the
+    outbox)."""
+    upstreams = state.pool.any_healthy()
+    results = state.probes.results()
+    down = [name for name, r in results.items() if not r.ok]
+    if not upstreams:
+        down.append("upstreams")
     backlog = await anyio.to_thread.run_sync(state.outbox.depth)
+    ready = not down
     body = {
         "status": "ready" if ready else "unready",
-        "upstreams_healthy": ready,
+        "down": down,
+        "dependencies": {name: {"ok": r.ok, "detail": r.detail} for name, r in results.items()},
+        "upstreams_healthy": upstreams,
+        "upstreams": {u.name: state.pool.is_healthy(u.name) for u in state.pool.upstreams},
         "ledger": "outbox" if backlog or state.meter.db_suspected_down else "ok",
         "outbox_depth": backlog,
     }

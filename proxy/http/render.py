@@ -87,7 +87,8 @@ async def sse_frames(
     kind: Kind, meta: ResponseMeta, items: AsyncGenerator[UpstreamDelta | UpstreamUsage, None],
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """SSE frames for ``items``; an upstream failure mid-stream ends with an error event."""
+    """SSE frames for ``items``; an upstream failure mid-stream ends with an error event
+    in OpenAI's shape, then ``[DONE]`` (so every client sees the stream end cleanly)."""
     started: set[int] = set()
     try:
         async for item in items:
@@ -104,5 +105,6 @@ async def sse_frames(
             error_body(f"upstream failed mid-stream: {exc}", type=SERVER_ERROR,
                        code="upstream_error")
         )
+        yield SSE_DONE
     finally:
         await items.aclose()

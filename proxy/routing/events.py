@@ -200,12 +200,23 @@ class EventFeeds:
             await self._redis.poll_once(redis_ids, block_ms)
 
     async def run(self, stop: asyncio.Event, interval_s: float = 0.1) -> None:
-        """Poll until ``stop`` is set."""
+        """Poll until ``stop`` is set. A failure (Redis down) is logged once, as one
+        line, and its recovery once; the polls failing meanwhile only at debug level."""
+        failing = False
         while not stop.is_set():
             try:
                 await self.poll_once()
-            except Exception:
-                log.exception("KV event polling failed")
+            except Exception as exc:
+                if not failing:
+                    log.warning("KV event polling failed (%s: %s); retrying quietly",
+                                type(exc).__name__, exc)
+                else:
+                    log.debug("KV event polling still failing", exc_info=True)
+                failing = True
+            else:
+                if failing:
+                    log.info("KV event polling works again")
+                failing = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
 

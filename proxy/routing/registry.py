@@ -214,13 +214,23 @@ class WorkerRegistry:
     ) -> None:
         """Refresh every ``check_interval_s`` until ``stop`` is set, calling
         ``after_refresh`` (the gateway's pool follower) after each round."""
+        failing = False  # a Redis outage is logged once, as one line, and its end once
         while not stop.is_set():
             try:
                 await self.refresh()
                 if after_refresh is not None:
                     await after_refresh()
-            except Exception:  # a Redis outage must not kill the loop
-                log.exception("worker registry refresh failed")
+            except Exception as exc:  # a Redis outage must not kill the loop
+                if not failing:
+                    log.warning("worker registry refresh failed (%s: %s); retrying quietly",
+                                type(exc).__name__, exc)
+                else:
+                    log.debug("worker registry refresh still failing", exc_info=True)
+                failing = True
+            else:
+                if failing:
+                    log.info("worker registry refresh works again")
+                failing = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.check_interval_s)
 

@@ -14,9 +14,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.util import CommandError
-from sqlalchemy import func, insert, inspect, select, text
+from sqlalchemy import column, func, insert, inspect, select, table, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import TableClause
 
 from billing.db import make_engine, session_factory
 from billing.ledger import LedgerEntry, write_usage
@@ -164,9 +165,17 @@ def _old_ledger(url: str) -> list[dict[str, Any]]:
              "billed_pico": 100 * i, "list_pico": 200 * i}
             for i, at in enumerate(when)
         ]
-        conn.execute(insert(UsageRecord), rows)
+        conn.execute(insert(_ledger_at_0001()), rows)
     engine.dispose()
     return rows
+
+
+def _ledger_at_0001() -> TableClause:
+    """``usage_ledger`` with only the columns it had at 0001 (later ones, like 0008's
+    ``cut``, do not exist yet), typed as the model types them."""
+    later = {"cut"}
+    return table("usage_ledger", *(column(c.name, c.type) for c in UsageRecord.__table__.c
+                                   if c.name not in later))
 
 
 def _hourly(url: str) -> dict[tuple[object, ...], tuple[int, ...]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -135,3 +136,62 @@ def test_http_401_cases(server: LiveServer, db: sessionmaker[Session], tenants: 
     assert revoked.json()["error"]["type"] == "invalid_request_error"
     other = {"Authorization": f"Bearer {tenants.key_b}"}
     assert httpx.post(url, json=body, headers=other).status_code == 200
+
+
+class BlockingFactory(CountingFactory):
+    """A key store that hangs (as a blackholed database does) until released."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        super().__init__(factory)
+        import threading
+
+        self.hang = False
+        self.release = threading.Event()
+
+    def __call__(self) -> Session:
+        if self.hang:
+            self.calls += 1
+            self.release.wait(30)
+            raise ConnectionError("no answer")
+        return super().__call__()
+
+
+def test_concurrent_lookups_of_one_key_are_single_flight(
+    db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    counting = CountingFactory(db)
+    auth = KeyAuthenticator(counting, clock=Clock())  # type: ignore[arg-type]
+
+    async def many() -> set[int]:
+        found = await asyncio.gather(*(auth.resolve(f"Bearer {tenants.key_a}")
+                                       for _ in range(20)))
+        return {identity.tenant_id for identity in found}
+
+    assert asyncio.run(many()) == {tenants.tenant_a}
+    assert counting.calls == 1
+
+
+def test_hanging_store_serves_known_keys_and_503s_unknown(
+    db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    store, clock = BlockingFactory(db), Clock()
+    auth = KeyAuthenticator(store, ttl_s=5.0, clock=clock, wait_s=0.2,  # type: ignore[arg-type]
+                            revalidate_wait_s=0.05)
+    known = f"Bearer {tenants.key_a}"
+
+    async def scenario() -> None:
+        assert (await auth.resolve(known)).tenant_id == tenants.tenant_a
+        store.hang = True
+        clock.now += 60  # expired: the re-check hangs, the last answer is served
+        for _ in range(5):
+            assert (await auth.resolve(known)).tenant_id == tenants.tenant_a
+        with pytest.raises(AuthError) as refused:
+            await auth.resolve(f"Bearer {tenants.key_b}")
+        assert refused.value.status == 503
+        auth.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.release.set()
+    assert store.calls == 3  # the first lookup, one re-check shared by five, one unknown

@@ -43,9 +43,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
-def _start(url: str, data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def _start(url: str, data_dir: Path, port: int, *stream: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.proxy.serve_scripted", url, str(data_dir), str(port)],
+        [sys.executable, "-m", "tests.proxy.serve_scripted", url, str(data_dir), str(port),
+         *stream],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     wait_until(lambda: _alive(port) or proc.poll() is not None, "gateway subprocess", 60)
@@ -92,6 +93,44 @@ def test_kill_9_loses_no_usage(
         proc.kill()
         proc.wait(timeout=30)
     assert sorted(r.request_id for r in ledger_rows(direct)) == sorted(answered)
+
+
+def test_kill_9_mid_stream_bills_what_was_delivered_once(
+    tmp_path: Path, sqlite_url: str, db: sessionmaker[Session]
+) -> None:
+    """SIGKILL while a stream runs: the restart bills the tokens the client received
+    (within one journal interval, never more), in one row marked cut."""
+    tenants = seed(db)
+    port = free_port()
+    proc = _start(sqlite_url, tmp_path / "data", port, "400", "0.01")
+    received = 0
+    try:
+        body = {**BODY, "stream": True, "max_tokens": 400}
+        headers = {"Authorization": f"Bearer {tenants.key_a}"}
+        with httpx.Client(timeout=30) as client, client.stream(
+            "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            request_id = response.headers["x-kvtoll-request-id"]
+            lines = response.iter_lines()
+            try:
+                for line in lines:
+                    if line.startswith("data: {") and '"content"' in line:
+                        received += 1
+                        if received == 40:
+                            proc.send_signal(signal.SIGKILL)
+            except httpx.HTTPError:
+                pass  # the connection ended with the process; everything sent was read
+        proc.wait(timeout=30)
+        assert ledger_count(db) == 0
+        proc = _start(sqlite_url, tmp_path / "data", port)
+        wait_until(lambda: ledger_count(db) == 1, "the cut stream's row")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    [row] = ledger_rows(db)
+    assert row.request_id == request_id and row.cut
+    assert received - 16 <= row.completion_tokens <= received, (row.completion_tokens, received)
+    assert row.billed_pico > 0
 
 
 @pytest.fixture

@@ -55,19 +55,37 @@ def test_no_retry_after_first_byte_and_row_with_tokens_so_far(
 ) -> None:
     broken = ScriptedUpstream("broken-0", num_words=10, fail_after_words=3)
     spare = ScriptedUpstream("spare-1")
-    with LiveServer(build_app(settings, db, upstreams=[broken, spare])) as server:
+    app = build_app(settings, db, upstreams=[broken, spare])
+    with LiveServer(app) as server:
         plain = _post(server, tenants.key_a)
         assert plain.status_code == 502
         assert plain.json()["error"]["code"] == "upstream_error"
+        assert plain.headers["x-request-id"] == plain.headers["x-kvtoll-request-id"]
+        assert plain.headers["retry-after"] == "1"
+        assert spare.seen == []  # not retried once tokens flowed
+        # the worker that failed mid-request is down at once: the next one goes around it
+        assert not app.state.kvtoll.pool.is_healthy("broken-0")
+        assert _post(server, tenants.key_a).status_code == 200
+        assert len(spare.seen) == 1
+    rows = settled_rows(db, 2)
+    cut = next(r for r in rows if r.status is RequestStatus.UPSTREAM_ERROR)
+    assert (cut.completion_tokens, cut.cut) == (3, True)
+    assert cut.prompt_tokens > 0
+
+
+def test_stream_cut_mid_way_ends_with_error_event_and_done(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    broken = ScriptedUpstream("broken-0", num_words=10, fail_after_words=3)
+    with LiveServer(build_app(settings, db, upstreams=[broken])) as server:
         streamed = _post(server, tenants.key_a, {**BODY, "stream": True})
         assert streamed.status_code == 200
-        assert '"code":"upstream_error"' in streamed.text and "[DONE]" not in streamed.text
+        assert '"code":"upstream_error"' in streamed.text
+        assert streamed.text.endswith("data: [DONE]\n\n")
         assert streamed.text.count("word") == 3
-    assert spare.seen == []
-    rows = settled_rows(db, 2)
-    assert {r.status for r in rows} == {RequestStatus.UPSTREAM_ERROR}
-    assert [r.completion_tokens for r in rows] == [3, 3]
-    assert all(r.prompt_tokens > 0 for r in rows)
+    [row] = settled_rows(db, 1)
+    assert row.status is RequestStatus.UPSTREAM_ERROR
+    assert (row.completion_tokens, row.cut) == (3, True)
 
 
 def test_all_upstreams_down_is_502_with_one_unbilled_row(
@@ -239,3 +257,16 @@ def test_health_endpoints(settings: Settings, db: sessionmaker[Session], path: s
     with LiveServer(build_app(settings, db, upstreams=[ScriptedUpstream()])) as server:
         response = httpx.get(server.url + path)
     assert response.status_code == 200
+
+
+def test_every_upstream_silent_is_504_with_retry_after(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    silent = [ScriptedUpstream(f"silent-{i}", delay_s=5.0) for i in range(2)]
+    config = ProxyConfig(upstream_first_byte_timeout_s=0.1)
+    with LiveServer(build_app(settings, db, upstreams=silent, config=config)) as server:
+        response = _post(server, tenants.key_a)
+        assert response.status_code == 504
+        assert response.json()["error"]["code"] == "upstream_timeout"
+        assert response.headers["retry-after"] == "1"
+    assert all(len(u.seen) == 1 for u in silent)  # each tried once, then marked down

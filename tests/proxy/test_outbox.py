@@ -104,3 +104,15 @@ def test_settled_records_are_gone_and_kept_ones_queue_in_order(tmp_path: Path) -
     outbox.remove(["b", "c"])
     assert not outbox.backlog() and outbox.depth() == 0
     outbox.close()
+
+
+def test_outbox_files_are_owner_only(tmp_path: Path) -> None:
+    box = Outbox.in_dir(tmp_path)
+    box.put("r1", {"n": 1})
+    box.close()
+    box = Outbox.in_dir(tmp_path)  # absorbed into the database, journal reopened
+    box.put("r2", {"n": 2})
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()}
+    box.close()
+    assert set(modes.values()) == {"0o600"}, modes
+    assert "outbox.sqlite3" in modes and JOURNAL_FILE in modes

@@ -195,3 +195,53 @@ def test_local_limits_hold_over_every_interval(
                 last = seq[j][1]
                 bound = span * tpm / 60 + (last if last > cap_t else cap_t)
                 assert tokens <= bound + 1e-6
+
+
+def test_refund_gives_a_failed_request_back() -> None:
+    clock = Clock()
+    limiter = LocalRateLimiter(clock)
+    limits = KeyLimits(requests_per_minute=1, tokens_per_minute=10_000)  # a bucket of 1
+
+    async def scenario() -> None:
+        first = await limiter.check("k", limits, 10)
+        assert not (await limiter.check("k", limits, 10)).allowed
+        await limiter.refund("k", first, 10)  # it failed unserved
+        assert (await limiter.check("k", limits, 10)).allowed
+        assert not (await limiter.check("k", limits, 10)).allowed
+        old = await limiter.check("other", limits, 1)
+        clock.now += 60  # the bucket refilled: a late refund adds nothing beyond full
+        await limiter.refund("other", old, 1)
+        assert (await limiter.check("other", limits, 1)).allowed
+        assert not (await limiter.check("other", limits, 1)).allowed
+
+    _run(scenario())
+
+
+@pytest.mark.redis
+def test_redis_refund(redis_url: str, redis_prefix: str) -> None:
+    limits = KeyLimits(requests_per_minute=1, tokens_per_minute=10_000)
+
+    async def scenario() -> None:
+        limiter = RedisRateLimiter.from_url(redis_url, RateLimitDefaults(),
+                                            ProxyMetrics.create(), prefix=redis_prefix)
+        try:
+            first = await limiter.check("k", limits, 5)
+            assert first.allowed and not (await limiter.check("k", limits, 5)).allowed
+            await limiter.refund("k", first, 5)
+            assert (await limiter.check("k", limits, 5)).allowed
+        finally:
+            await limiter.aclose()
+
+    _run(scenario())
+
+
+def test_requests_failing_unserved_do_not_use_the_rpm(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    tenants = seed(db, rpm=2)
+    down = ScriptedUpstream("down-0", fail_before_first=True)
+    with LiveServer(build_app(settings, db, upstreams=[down])) as server:
+        responses = _hammer(server.url, tenants.key_a, 4)
+    assert [r.status_code for r in responses] == [502] * 4  # never 429
+    assert all(r.headers["retry-after"] == "1" and r.headers["x-request-id"]
+               for r in responses)
