@@ -26,7 +26,7 @@ from billing.models import ApiKey, ApiKeyId, Tenant, TenantId
 log = logging.getLogger(__name__)
 
 TENANT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-MAX_LIMIT = 2**31 - 1  # rate-limit columns are 32-bit integers
+MAX_LIMIT = 2**31 - 1  # rate-limit and reservation columns are 32-bit integers
 MAX_KEY_NAME_LENGTH = 128
 
 
@@ -107,8 +107,10 @@ def set_tenant_policy(
     tenant = require_tenant(session, name)
     if semantic_threshold is not None and not 0.0 <= semantic_threshold <= 1.0:
         raise InvalidInput(f"semantic threshold must be in [0, 1], got {semantic_threshold}")
-    if isinstance(kv_reserved_blocks, bool) or kv_reserved_blocks < 0:
-        raise InvalidInput(f"kv_reserved_blocks must be >= 0, got {kv_reserved_blocks}")
+    if isinstance(kv_reserved_blocks, bool) or not 0 <= kv_reserved_blocks <= MAX_LIMIT:
+        raise InvalidInput(
+            f"kv_reserved_blocks must be between 0 and {MAX_LIMIT}, got {kv_reserved_blocks}"
+        )
     tenant.semantic_threshold = semantic_threshold
     tenant.semantic_allow_sampled = bool(semantic_allow_sampled)
     tenant.kv_reserved_blocks = kv_reserved_blocks

@@ -11,8 +11,11 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+
+from billing.errors import InvalidInput
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -34,10 +37,15 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any, *, memory: bool) -> None:
 
 
 def make_engine(url: str, *, echo: bool = False) -> Engine:
-    """Build the engine for ``url``; call once per process and pass it down."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True, echo=echo)
+    """Build the engine for ``url``; call once per process and pass it down.
+    :class:`InvalidInput` (one line) for a URL that is unparsable or names a database
+    whose driver is not installed."""
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() != "sqlite":
+            return create_engine(parsed, pool_pre_ping=True, echo=echo)
+    except (ArgumentError, ImportError) as exc:
+        raise InvalidInput(f"cannot use the database URL (KVTOLL_DATABASE_URL): {exc}") from None
     memory = _is_memory_sqlite(parsed.database)
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}, "echo": echo}
     if memory:

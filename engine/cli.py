@@ -31,6 +31,8 @@ from kvtoll.worker_auth import WorkerTokens
 
 DEFAULT_PORT = 8001
 _MIB = 1024 * 1024
+MAX_BODY_MB = 1024.0
+MAX_HEARTBEAT_TTL_S = 86_400.0
 
 
 def engine_config(
@@ -262,8 +264,11 @@ def register(app: typer.Typer) -> None:
                 if gpu_memory_utilization is None
                 else gpu_memory_utilization,
             )
-            if max_body_mb <= 0:
-                raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")
+            if not 0 < max_body_mb <= MAX_BODY_MB:  # NaN fails too
+                raise ValueError(f"--max-body-mb must be in (0, {MAX_BODY_MB}], got {max_body_mb}")
+            if not 0 < heartbeat_ttl <= MAX_HEARTBEAT_TTL_S:
+                raise ValueError(f"--heartbeat-ttl must be in (0, {MAX_HEARTBEAT_TTL_S}] "
+                                 f"seconds, got {heartbeat_ttl}")
             tokens = settings.worker_tokens()
             tls = check_tls_files(settings.tls_cert, settings.tls_key)
             check_port_free(host, port)

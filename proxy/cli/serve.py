@@ -19,6 +19,7 @@ import typer
 import uvicorn
 
 from kvtoll.cli.errors import fail
+from kvtoll.served_models import record_served_models
 from kvtoll.server import check_port_free, uvicorn_config
 from kvtoll.settings import load_settings
 
@@ -48,6 +49,7 @@ def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, objec
     except ValueError as exc:  # StackError and the port check
         fail(str(exc))
     try:
+        record_served_models(settings.data_dir, stack.model_names)  # for `kvtoll price set`
         models = ", ".join(stack.model_names)
         typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
         config = server_config(stack.app, host=host, port=port, log_level=settings.log_level)
