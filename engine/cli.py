@@ -14,7 +14,6 @@ before anything is loaded.
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +23,7 @@ from engine.config import DEFAULT_GPU_MEMORY_UTILIZATION, TINY_MODEL, EngineConf
 from engine.serving.app import WorkerConfig
 from engine.serving.registration import Registration
 from kvtoll.cli.errors import fail
+from kvtoll.logs import configure_logging
 from kvtoll.openai.errors import DEFAULT_MAX_BODY_BYTES
 from kvtoll.server import check_port_free, check_tls_files
 from kvtoll.settings import load_settings
@@ -94,7 +94,7 @@ def _serve(
     from engine.factory import build_engine
     from engine.serving.server import serve_worker
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(log_level)
     try:
         engine = build_engine(config)
     except (OSError, ValueError) as exc:

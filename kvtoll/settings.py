@@ -49,6 +49,7 @@ class Settings(BaseSettings):
     cuda_graphs: bool = False  # decode steps as CUDA graphs (engine.decode_graphs)
     gpu_memory_utilization: float = 0.9  # on a GPU: its share for the engine (engine.gpu_memory)
     log_level: str = "info"
+    access_log: bool = False  # gateway: one INFO line per request served (uvicorn's)
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:

@@ -12,16 +12,18 @@ line and exits 2 before the server starts.
 
 from __future__ import annotations
 
-import logging
+import secrets
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import uvicorn
+from pydantic import SecretStr
 
 from kvtoll.cli.errors import fail
+from kvtoll.logs import configure_logging
 from kvtoll.served_models import record_served_models
 from kvtoll.server import check_port_free, uvicorn_config
-from kvtoll.settings import load_settings
+from kvtoll.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from proxy.stack import ServeOptions
@@ -37,12 +39,22 @@ def server_config(app: Any, *, host: str, port: int, log_level: str = "info",
     return uvicorn_config(app, host, port, log_level, fast=True, lifespan="on", **options)
 
 
+def with_dev_admin_token(settings: Settings) -> Settings:
+    """In dev mode without ``KVTOLL_ADMIN_TOKEN``: the settings with a random admin token
+    for this run, printed once, so that ``/admin/dashboard`` works out of the box."""
+    if not settings.dev_mode or settings.admin_token.get_secret_value():
+        return settings
+    token = secrets.token_urlsafe(24)
+    typer.echo(f"kvtoll serve: dev mode: admin token for /admin/dashboard and /admin/...: "
+               f"{token} (new each start; set KVTOLL_ADMIN_TOKEN to choose one)", err=True)
+    return settings.model_copy(update={"admin_token": SecretStr(token)})
+
+
 def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, object]) -> None:
     from proxy.stack import build_stack
 
-    settings = load_settings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = with_dev_admin_token(load_settings(**overrides))
+    configure_logging(settings.log_level)
     try:
         check_port_free(host, port)
         stack = build_stack(settings, options)
@@ -52,7 +64,8 @@ def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, objec
         record_served_models(settings.data_dir, stack.model_names)  # for `kvtoll price set`
         models = ", ".join(stack.model_names)
         typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
-        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level)
+        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level,
+                               access_log=settings.access_log)
         uvicorn.Server(config).run()
     finally:
         stack.close()

@@ -120,7 +120,10 @@ def _numeric(annotation: object) -> bool:
     return False
 
 
-def _commands(group: object, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
+Path_ = tuple[str, ...]
+
+
+def _commands(group: object, path: Path_ = ()) -> Iterator[tuple[Path_, object]]:
     for name, sub in getattr(group, "commands", {}).items():
         if hasattr(sub, "commands"):
             yield from _commands(sub, (*path, name))
@@ -143,7 +146,7 @@ def test_every_numeric_option_is_covered() -> None:
                 key = (path, param.opts[0])
                 if key not in covered:
                     missing.append(key)
-            elif param.param_type_name == "argument" and _numeric(annotation):
-                if path not in ARGUMENT_CASES:
-                    missing.append((path, param.name))
+            elif (param.param_type_name == "argument" and _numeric(annotation)
+                  and path not in ARGUMENT_CASES):
+                missing.append((path, param.name))
     assert missing == []

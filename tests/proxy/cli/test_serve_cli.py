@@ -130,3 +130,24 @@ def test_discovery_needs_a_worker_list(env: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("KVTOLL_REDIS_URL", "redis://127.0.0.1:1")
     code, output = _serve("--worker-discovery")
     assert code == 2 and "give at least one --worker" in output
+
+
+def test_dev_mode_without_admin_token_gets_a_printed_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvtoll.settings import load_settings
+    from proxy.cli.serve import with_dev_admin_token
+
+    dev = with_dev_admin_token(load_settings(dev_mode=True, admin_token=""))
+    token = dev.admin_token.get_secret_value()
+    printed = capsys.readouterr().err
+    assert len(token) >= 32 and token in printed and "/admin/dashboard" in printed
+    assert dev.admin_disabled_reason() is None and dev.admin_token_matches(token)
+    again = with_dev_admin_token(load_settings(dev_mode=True, admin_token=""))
+    assert again.admin_token.get_secret_value() != token  # random per start
+    capsys.readouterr()
+    chosen = load_settings(dev_mode=True, admin_token="mine")
+    assert with_dev_admin_token(chosen) is chosen
+    production = load_settings(dev_mode=False, admin_token="")
+    assert with_dev_admin_token(production) is production  # refused later, as before
+    assert capsys.readouterr().err == ""
