@@ -20,6 +20,7 @@ from gguf.quants import dequantize
 
 from engine.loader.tokenizers import field as _field
 from engine.loader.tokenizers import read_gguf_tokenizer as read_tokenizer
+from engine.loader.weight_cache import cached_weights
 from engine.model.config import LlamaConfig
 from engine.tokenizer import TextTokenizer
 
@@ -98,9 +99,13 @@ def read_weights(reader: GGUFReader, cfg: LlamaConfig) -> dict[str, torch.Tensor
     return state
 
 
-def load_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
-    """Config, float32 HF-named weights and tokenizer of a GGUF file."""
+def load_gguf(
+    path: Path, cache_dir: Path | None = None
+) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
+    """Config, float32 HF-named weights and tokenizer of a GGUF file; the weights come
+    from the dequantized copy a previous start cached (:mod:`.weight_cache`) if any."""
     log.info("reading GGUF %s", path)
     reader = GGUFReader(str(path))
     cfg = read_config(reader)
-    return cfg, read_weights(reader, cfg), read_tokenizer(reader)
+    state = cached_weights(path, lambda: read_weights(reader, cfg), cache_dir)
+    return cfg, state, read_tokenizer(reader)

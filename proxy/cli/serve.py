@@ -13,6 +13,7 @@ line and exits 2 before the server starts.
 from __future__ import annotations
 
 import secrets
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -53,6 +54,7 @@ def with_dev_admin_token(settings: Settings) -> Settings:
 def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, object]) -> None:
     from proxy.stack import build_stack
 
+    began = time.perf_counter()
     settings = with_dev_admin_token(load_settings(**overrides))
     configure_logging(settings.log_level)
     try:
@@ -63,7 +65,8 @@ def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, objec
     try:
         record_served_models(settings.data_dir, stack.model_names)  # for `kvtoll price set`
         models = ", ".join(stack.model_names)
-        typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
+        typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1 (started in "
+                   f"{time.perf_counter() - began:.1f} s)", err=True)
         config = server_config(stack.app, host=host, port=port, log_level=settings.log_level,
                                access_log=settings.access_log)
         uvicorn.Server(config).run()
