@@ -1,8 +1,9 @@
 """Dequantized GGUF weights kept between starts, so a second start skips dequantizing.
 
-Dequantizing the bundled SmolLM2 GGUF (Q4_1) to float32 takes most of a first start on
-a CPU (~15 s on 2 cores); reading the float32 tensors back from a safetensors file
-takes about a second. The file lives in ``$XDG_CACHE_HOME/kvtoll/weights`` (default
+Parsing the bundled SmolLM2 GGUF and dequantizing it (Q4_1) to float32 takes most of a
+first start on a CPU; reading the float32 tensors, the config and the tokenizer back
+from one safetensors file (the last two in its string metadata) is much faster. The
+file lives in ``$XDG_CACHE_HOME/kvtoll/weights`` (default
 ``~/.cache/kvtoll/weights``), named by the GGUF file's stem and a hash of its
 resolved path, size, modification time and :data:`FORMAT_VERSION`, so an edited or
 replaced model is read afresh. An unreadable or unwritable cache only costs the time:
@@ -19,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 log = logging.getLogger(__name__)
 
-# Bump when what read_weights produces changes (names, layout, dtype).
-FORMAT_VERSION = 1
+# Bump when what a loader stores changes (tensor names, layout, dtype; metadata keys).
+FORMAT_VERSION = 2
+Loaded = tuple[dict[str, torch.Tensor], dict[str, str]]  # tensors, string metadata
 
 
 def default_cache_dir() -> Path:
@@ -43,30 +45,34 @@ def cache_file(model: Path, cache_dir: Path) -> Path:
 
 
 def cached_weights(
-    model: Path, read: Callable[[], dict[str, torch.Tensor]], cache_dir: Path | None = None
-) -> dict[str, torch.Tensor]:
-    """The weights of ``model``: from the cache if present, else ``read()`` and cached."""
+    model: Path, read: Callable[[], Loaded], cache_dir: Path | None = None
+) -> Loaded:
+    """The tensors and metadata of ``model``: from the cache if present, else ``read()``
+    (then cached). Metadata is what the loader needs besides the tensors (config,
+    tokenizer) as strings, so a cached start never parses the model file."""
     target = cache_file(model, cache_dir or default_cache_dir())
     if target.exists():
         try:
-            state = load_file(target)
+            with safe_open(str(target), framework="pt") as cached:
+                metadata = dict(cached.metadata() or {})
+                state = {name: cached.get_tensor(name) for name in cached.keys()}  # noqa: SIM118
             log.info("weights of %s read from the cache %s", model.name, target)
-            return state
+            return state, metadata
         except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # truncated file
             log.warning("ignoring the weight cache %s: %s", target, exc)
-    state = read()
-    _store(state, target)
-    return state
+    state, metadata = read()
+    _store(state, metadata, target)
+    return state, metadata
 
 
-def _store(state: dict[str, torch.Tensor], target: Path) -> None:
+def _store(state: dict[str, torch.Tensor], metadata: dict[str, str], target: Path) -> None:
     """Write atomically (aside, then renamed) so a reader never sees half a file."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, aside = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
         os.close(fd)
         try:
-            save_file({k: v.contiguous() for k, v in state.items()}, aside)
+            save_file({k: v.contiguous() for k, v in state.items()}, aside, metadata=metadata)
             os.replace(aside, target)
         finally:
             Path(aside).unlink(missing_ok=True)
