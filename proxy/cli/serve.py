@@ -40,22 +40,21 @@ def server_config(app: Any, *, host: str, port: int, log_level: str = "info",
     return uvicorn_config(app, host, port, log_level, fast=True, lifespan="on", **options)
 
 
-def with_dev_admin_token(settings: Settings) -> Settings:
+def with_dev_admin_token(settings: Settings) -> tuple[Settings, str | None]:
     """In dev mode without ``KVTOLL_ADMIN_TOKEN``: the settings with a random admin token
-    for this run, printed once, so that ``/admin/dashboard`` works out of the box."""
+    for this run and that token (printed once the gateway is built), so that
+    ``/admin/dashboard`` works out of the box; else ``settings`` and ``None``."""
     if not settings.dev_mode or settings.admin_token.get_secret_value():
-        return settings
+        return settings, None
     token = secrets.token_urlsafe(24)
-    typer.echo(f"kvtoll serve: dev mode: admin token for /admin/dashboard and /admin/...: "
-               f"{token} (new each start; set KVTOLL_ADMIN_TOKEN to choose one)", err=True)
-    return settings.model_copy(update={"admin_token": SecretStr(token)})
+    return settings.model_copy(update={"admin_token": SecretStr(token)}), token
 
 
 def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, object]) -> None:
     from proxy.stack import build_stack
 
     began = time.perf_counter()
-    settings = with_dev_admin_token(load_settings(**overrides))
+    settings, dev_admin_token = with_dev_admin_token(load_settings(**overrides))
     configure_logging(settings.log_level)
     try:
         check_port_free(host, port)
@@ -64,6 +63,10 @@ def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, objec
         fail(str(exc))
     try:
         record_served_models(settings.data_dir, stack.model_names)  # for `kvtoll price set`
+        if dev_admin_token is not None:
+            typer.echo(f"kvtoll serve: dev mode: admin token for /admin/dashboard and "
+                       f"/admin/...: {dev_admin_token} (new each start; set "
+                       "KVTOLL_ADMIN_TOKEN to choose one)", err=True)
         models = ", ".join(stack.model_names)
         typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1 (started in "
                    f"{time.perf_counter() - began:.1f} s)", err=True)

@@ -5,6 +5,7 @@ defaults with the real bundled SmolLM2-135M-Instruct (the README's first command
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -102,12 +103,14 @@ def _check_dev_admin_token(port: int, proc: subprocess.Popen[bytes]) -> None:
     """Dev mode without KVTOLL_ADMIN_TOKEN: the token printed at start opens the admin
     dashboard (it was printed before the server answered, so it is in the pipe)."""
     assert proc.stderr is not None
-    line = b""
-    while b"admin token" not in line:
-        ready, _, _ = select.select([proc.stderr], [], [], 10)
-        assert ready, "no admin token line"
-        line = proc.stderr.readline()
-    token = line.decode().split("/admin/...: ")[1].split()[0]
+    fd, seen = proc.stderr.fileno(), b""  # raw reads: select cannot see a file's buffer
+    while not re.search(rb"/admin/\.\.\.: (\S+) ", seen):
+        ready, _, _ = select.select([fd], [], [], 10)
+        assert ready, f"no admin token line in {seen[-2000:]!r}"
+        seen += os.read(fd, 65536)
+    match = re.search(rb"/admin/\.\.\.: (\S+) ", seen)
+    assert match is not None
+    token = match.group(1).decode()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         signed = client.post("/admin/dashboard/login", data={"admin_token": token},
                              follow_redirects=True)
