@@ -20,6 +20,7 @@ from bench.routing.trace import TraceRequest, infinite_cache_hit_rate, load_trac
 from kvtoll.cli.errors import fail
 from proxy.routing.policy import POLICY_NAMES, make_policy
 
+MAX_CANDIDATES = 1024
 app = typer.Typer(help="Benchmarks (print JSON figures).", no_args_is_help=True)
 
 
@@ -42,8 +43,8 @@ def semantic_command(
         fail(f"--pairs: no such file: {pairs}")
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         fail("--threshold must be between 0 and 1")
-    if (limit is not None and limit < 1) or candidates < 1:
-        fail("--limit and --candidates must be positive")
+    if (limit is not None and limit < 1) or not 1 <= candidates <= MAX_CANDIDATES:
+        fail(f"--limit must be positive and --candidates between 1 and {MAX_CANDIDATES}")
     try:
         rows = read_pairs(pairs)
     except (ValueError, UnicodeDecodeError) as exc:

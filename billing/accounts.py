@@ -26,7 +26,7 @@ from billing.models import ApiKey, ApiKeyId, Tenant, TenantId
 log = logging.getLogger(__name__)
 
 TENANT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-MAX_LIMIT = 2**31 - 1  # rate-limit columns are 32-bit integers
+MAX_LIMIT = 2**31 - 1  # rate-limit and reservation columns are 32-bit integers
 MAX_KEY_NAME_LENGTH = 128
 
 

@@ -26,6 +26,7 @@ from billing.models import Price
 from billing.money import exact_usd, ppm_to_fraction, price_per_1m_usd
 from billing.schema import schema_problem, sqlite_file_missing
 from kvtoll.cli.errors import fail
+from kvtoll.served_models import read_served_models
 from kvtoll.settings import load_settings
 
 T = TypeVar("T")
@@ -53,7 +54,7 @@ def _require_schema(url: str, engine: Engine) -> None:
 def _transaction() -> Iterator[Session]:
     """One committed transaction on the configured database; errors become exit 2."""
     url = _database_url()
-    engine = make_engine(url)
+    engine = _engine(url)
     try:
         _require_schema(url, engine)
         with session_factory(engine).begin() as session:
@@ -64,6 +65,14 @@ def _transaction() -> Iterator[Session]:
         fail(f"database error: {_first_line(exc)}")
     finally:
         engine.dispose()
+
+
+def _engine(url: str) -> Engine:
+    """The engine for ``url``, or one ``error:`` line for an unusable URL."""
+    try:
+        return make_engine(url)
+    except BillingError as exc:
+        fail(str(exc))
 
 
 def _print_rows(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -133,7 +142,12 @@ def _db_group() -> typer.Typer:
         from billing import migrate
 
         url = _database_url()
-        revision = None if sqlite_file_missing(url) else migrate.current_revision(url)
+        try:
+            revision = None if sqlite_file_missing(url) else migrate.current_revision(url)
+        except BillingError as exc:
+            fail(str(exc))
+        except SQLAlchemyError as exc:
+            fail(f"database error: {_first_line(exc)}")
         typer.echo(f"current {revision or 'base'} head {migrate.head_revision()}")
 
     return group
@@ -144,6 +158,8 @@ def _run_migration(step: Callable[[str, str], None], revision: str) -> None:
 
     try:
         step(_database_url(), revision)
+    except BillingError as exc:
+        fail(str(exc))
     except CommandError as exc:
         fail(_first_line(exc))
     except SQLAlchemyError as exc:
@@ -294,6 +310,18 @@ def _price_row(price: Price) -> tuple[object, ...]:
     )
 
 
+def _check_served(model: str) -> None:
+    """Refuse a model the local gateway does not serve; warn if no gateway recorded any."""
+    data_dir = load_settings().data_dir
+    served = read_served_models(data_dir)
+    if served is None:
+        typer.echo(f"warning: cannot check that a gateway serves {model!r}: no `kvtoll serve` "
+                   f"has recorded its models in {data_dir} (KVTOLL_DATA_DIR)", err=True)
+    elif model not in served:
+        fail(f"no worker serves model {model!r} (served: {', '.join(served) or 'none'}); "
+             "check the name, or pass --force to price it anyway")
+
+
 def _price_group() -> typer.Typer:
     group = typer.Typer(help="Prices per model (USD per 1M tokens).", no_args_is_help=True)
 
@@ -309,13 +337,19 @@ def _price_group() -> typer.Typer:
         effective_from: str | None = typer.Option(
             None, "--effective-from", help="ISO 8601 time (default now; no zone = UTC)."
         ),
+        force: bool = typer.Option(
+            False, "--force", help="Set it even if the gateway does not serve MODEL."
+        ),
     ) -> None:
-        """Add a price for MODEL; earlier prices stay in history."""
+        """Add a price for MODEL; earlier prices stay in history. MODEL must be one the
+        gateway on KVTOLL_DATA_DIR serves (as `kvtoll serve` recorded), unless --force."""
         moment = _parse_moment(effective_from)
         with _transaction() as session:
             price = pricing.set_price(
                 session, model, input, cached_input, output, semantic_fraction, moment
             )
+            if not force:  # after the price's own checks; refusing rolls it back
+                _check_served(model)
             typer.echo(f"price for {price.model} effective {_iso(price.effective_from)}")
 
     @group.command("list")

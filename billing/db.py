@@ -16,8 +16,11 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+
+from billing.errors import InvalidInput
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -70,15 +73,20 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any, *, memory: bool, busy_ms: 
 
 
 def make_engine(url: str, *, echo: bool = False, timeouts: DbTimeouts | None = None) -> Engine:
-    """Build the engine for ``url``; call once per process and pass it down."""
+    """Build the engine for ``url``; call once per process and pass it down.
+    :class:`InvalidInput` (one line) for a URL that is unparsable or names a database
+    whose driver is not installed."""
     timeouts = timeouts or DbTimeouts()
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql":
-        return create_engine(parsed, pool_pre_ping=True, echo=echo,
-                             pool_timeout=timeouts.pool_timeout_s,
-                             connect_args=timeouts.postgres_connect_args())
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True, echo=echo)
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "postgresql":
+            return create_engine(parsed, pool_pre_ping=True, echo=echo,
+                                 pool_timeout=timeouts.pool_timeout_s,
+                                 connect_args=timeouts.postgres_connect_args())
+        if parsed.get_backend_name() != "sqlite":
+            return create_engine(parsed, pool_pre_ping=True, echo=echo)
+    except (ArgumentError, ImportError) as exc:
+        raise InvalidInput(f"cannot use the database URL (KVTOLL_DATABASE_URL): {exc}") from None
     memory = _is_memory_sqlite(parsed.database)
     busy_ms = timeouts.sqlite_busy_timeout_ms
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False,

@@ -30,12 +30,17 @@ from billing.schema import schema_problem
 from kvtoll.cli.errors import fail
 from kvtoll.settings import load_settings
 
+MAX_INVOICE_ID = 2**63 - 1  # the widest id column (PostgreSQL bigint)
+
 
 @contextmanager
 def _session() -> Iterator[Session]:
     """A session on the configured database; database errors become one line, exit 2."""
     url = load_settings().database_url
-    engine = make_engine(url)
+    try:
+        engine = make_engine(url)
+    except BillingError as exc:
+        fail(str(exc))
     try:
         problem = schema_problem(url, engine)
         if problem:
@@ -122,8 +127,8 @@ def preview(
 
 
 def _parse_export_args(invoice_id: str, fmt: str) -> tuple[int, ExportFormat]:
-    if not (invoice_id.isascii() and invoice_id.isdigit()):
-        fail(f"invalid invoice id {invoice_id!r}: expected a number")
+    if not (invoice_id.isascii() and invoice_id.isdigit()) or int(invoice_id) > MAX_INVOICE_ID:
+        fail(f"invalid invoice id {invoice_id!r}: expected a number up to {MAX_INVOICE_ID}")
     try:
         return int(invoice_id), ExportFormat(fmt.lower())
     except ValueError:

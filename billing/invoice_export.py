@@ -56,15 +56,13 @@ class DocumentLine:
         return price_per_1m_usd(self.unit_pico) if self.unit_pico else None
 
 
-@dataclass(frozen=True)
-class InvoiceDocument:
-    """Everything an export shows, detached from the session."""
+@dataclass(frozen=True, kw_only=True)
+class InvoiceTotals:
+    """What every invoice shows, closed or draft: whose, which month, the lines and
+    their totals (picodollars), detached from the session."""
 
-    invoice_id: int
     tenant_name: str
     period: str
-    status: str
-    closed_at: datetime
     total_pico: int
     list_pico: int
     lines: tuple[DocumentLine, ...]
@@ -72,6 +70,15 @@ class InvoiceDocument:
     @property
     def savings_pico(self) -> int:
         return self.list_pico - self.total_pico
+
+
+@dataclass(frozen=True, kw_only=True)
+class InvoiceDocument(InvoiceTotals):
+    """A closed invoice as every export shows it: its number, status and closing time."""
+
+    invoice_id: int
+    status: str
+    closed_at: datetime
 
     @property
     def filename_stem(self) -> str:
@@ -87,8 +94,9 @@ def document_of(invoice: Invoice, tenant: Tenant) -> InvoiceDocument:
         for line in invoice.lines
     )
     return InvoiceDocument(
-        invoice.id, tenant.name, invoice.period, invoice.status.value, invoice.closed_at,
-        invoice.total_pico, invoice.list_pico, lines,
+        invoice_id=invoice.id, tenant_name=tenant.name, period=invoice.period,
+        status=invoice.status.value, closed_at=invoice.closed_at,
+        total_pico=invoice.total_pico, list_pico=invoice.list_pico, lines=lines,
     )
 
 
@@ -114,15 +122,22 @@ def to_json(doc: InvoiceDocument) -> str:
         "period": doc.period,
         "status": doc.status,
         "closed_at": doc.closed_at.isoformat(),
-        "currency": "usd",
-        "total_usd": exact_usd(doc.total_pico),
-        "list_usd": exact_usd(doc.list_pico),
-        "savings_usd": exact_usd(doc.savings_pico),
-        "total_pico": doc.total_pico,
-        "list_pico": doc.list_pico,
-        "lines": [line_json(line) for line in doc.lines],
+        **totals_json(doc),
     }
     return json.dumps(payload, indent=2) + "\n"
+
+
+def totals_json(totals: InvoiceTotals) -> dict[str, object]:
+    """The money of an invoice, closed or draft: exact strings, picodollars, lines."""
+    return {
+        "currency": "usd",
+        "total_usd": exact_usd(totals.total_pico),
+        "list_usd": exact_usd(totals.list_pico),
+        "savings_usd": exact_usd(totals.savings_pico),
+        "total_pico": totals.total_pico,
+        "list_pico": totals.list_pico,
+        "lines": [line_json(line) for line in totals.lines],
+    }
 
 
 def line_json(line: DocumentLine) -> dict[str, object]:

@@ -19,27 +19,18 @@ from datetime import UTC, datetime
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from billing.invoice_export import DocumentLine, exact_usd, line_json
+from billing.invoice_export import DocumentLine, InvoiceTotals, totals_json
 from billing.invoices import Period, ledger_sums, line_drafts, parse_period
 from billing.models import Invoice, Tenant, UsageRecord
 
 DRAFT = "draft"
 
 
-@dataclass(frozen=True)
-class InvoicePreview:
+@dataclass(frozen=True, kw_only=True)
+class InvoicePreview(InvoiceTotals):
     """The open month of one tenant, as it stands at ``as_of`` (money in picodollars)."""
 
-    tenant_name: str
-    period: str
     as_of: datetime
-    total_pico: int
-    list_pico: int
-    lines: tuple[DocumentLine, ...]
-
-    @property
-    def savings_pico(self) -> int:
-        return self.list_pico - self.total_pico
 
 
 def open_period(now: datetime) -> Period:
@@ -71,7 +62,8 @@ def preview_invoice(
     billed, listed = ledger_sums(session, *where)
     if sum(line.amount_pico for line in lines) != billed:
         raise RuntimeError(f"invoice preview of {tenant.name}: lines do not add up")
-    return InvoicePreview(tenant.name, period.label, moment, billed, listed, lines)
+    return InvoicePreview(tenant_name=tenant.name, period=period.label, as_of=moment,
+                          total_pico=billed, list_pico=listed, lines=lines)
 
 
 def preview_payload(preview: InvoicePreview) -> dict[str, object]:
@@ -84,13 +76,7 @@ def preview_payload(preview: InvoicePreview) -> dict[str, object]:
         "status": DRAFT,
         "as_of": preview.as_of.isoformat(),
         "closed_at": None,
-        "currency": "usd",
-        "total_usd": exact_usd(preview.total_pico),
-        "list_usd": exact_usd(preview.list_pico),
-        "savings_usd": exact_usd(preview.savings_pico),
-        "total_pico": preview.total_pico,
-        "list_pico": preview.list_pico,
-        "lines": [line_json(line) for line in preview.lines],
+        **totals_json(preview),
     }
 
 

@@ -84,6 +84,23 @@ def exact_usd(pico: int) -> str:
     return f"{whole}.{frac.ljust(2, '0')}"
 
 
+CENT_PICO = PICO_PER_USD // 100
+DISPLAY_SIGNIFICANT_DIGITS = 4
+
+
+def display_usd(pico: int) -> str:
+    """``pico`` for people: to the cent with thousands separators (``1,234.57``), or,
+    for a non-zero amount under a cent, to 4 significant digits (``0.0001235``); rounded
+    half-even. Display only: exports, APIs and tooltips carry :func:`exact_usd`."""
+    amount = pico_to_usd(pico)
+    if abs(pico) < CENT_PICO and pico != 0:
+        exponent = amount.adjusted() - DISPLAY_SIGNIFICANT_DIGITS + 1
+        rounded = amount.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_HALF_EVEN)
+        if abs(rounded) < Decimal("0.01"):  # else it rounded up to a whole cent
+            return f"{_plain(rounded):f}"
+    return f"{amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_EVEN):,.2f}"
+
+
 def price_per_1m_usd(pico_per_token: int) -> Decimal:
     """The USD-per-1M-tokens quote of a stored per-token price (exact, normalised)."""
     return _plain(Decimal(pico_per_token).scaleb(-6))

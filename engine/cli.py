@@ -14,7 +14,6 @@ before anything is loaded.
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -26,6 +25,7 @@ from engine.kv.tier.config import TierConfig
 from engine.serving.app import WorkerConfig
 from engine.serving.registration import Registration
 from kvtoll.cli.errors import fail
+from kvtoll.logs import configure_logging
 from kvtoll.openai.errors import DEFAULT_MAX_BODY_BYTES
 from kvtoll.server import check_port_free, check_tls_files
 from kvtoll.settings import Settings, load_settings
@@ -33,6 +33,8 @@ from kvtoll.worker_auth import WorkerTokens
 
 DEFAULT_PORT = 8001
 _MIB = 1024 * 1024
+MAX_BODY_MB = 1024.0
+MAX_HEARTBEAT_TTL_S = 86_400.0
 
 
 def engine_config(
@@ -128,7 +130,7 @@ def _serve(
     from engine.factory import build_engine
     from engine.serving.server import serve_worker
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(log_level)
     try:
         engine = build_engine(config)
     except (OSError, ValueError) as exc:
@@ -317,8 +319,11 @@ def register(app: typer.Typer) -> None:
                 else gpu_memory_utilization,
                 kv_tier=tier,
             )
-            if max_body_mb <= 0:
-                raise ValueError(f"--max-body-mb must be positive, got {max_body_mb}")
+            if not 0 < max_body_mb <= MAX_BODY_MB:  # NaN fails too
+                raise ValueError(f"--max-body-mb must be in (0, {MAX_BODY_MB}], got {max_body_mb}")
+            if not 0 < heartbeat_ttl <= MAX_HEARTBEAT_TTL_S:
+                raise ValueError(f"--heartbeat-ttl must be in (0, {MAX_HEARTBEAT_TTL_S}] "
+                                 f"seconds, got {heartbeat_ttl}")
             tokens = settings.worker_tokens()
             tls = check_tls_files(settings.tls_cert, settings.tls_key)
             check_port_free(host, port)

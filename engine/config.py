@@ -19,6 +19,17 @@ from engine.kv.tier.config import TierConfig
 DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware computes it natively
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# Beyond these no machine has the memory, and block ids and positions stop fitting in
+# 32 bits: a value past one is a typo, refused before anything is allocated.
+UPPER_BOUNDS = {
+    "block_size": 1024,
+    "max_num_batched_tokens": 1 << 24,
+    "max_num_seqs": 1 << 16,
+    "max_n": 128,
+    "kv_cache_bytes": 1 << 44,
+    "num_kv_blocks": (1 << 31) - 1,
+    "max_model_len": 1 << 24,
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,10 @@ class EngineConfig:
         check_utilization(self.gpu_memory_utilization)
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
+        for name, most in UPPER_BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None and value > most:
+                raise ValueError(f"{name} must be at most {most}, got {value}")
 
     @classmethod
     def tiny(cls, **overrides: object) -> EngineConfig:

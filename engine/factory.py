@@ -39,6 +39,7 @@ from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import ByteTokenizer
 from engine.validation import Limits
+from kvtoll.progress import start_phase
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
@@ -196,11 +197,13 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
                 "a CUDA GPU is visible, but the engine runs on the CPU: "
                 "set KVTOLL_DEVICE=cuda or kvtoll worker --device cuda to use it"
             )
-    lm = loaded or load_model(config)
+    with start_phase("model load"):
+        lm = loaded or load_model(config)
     max_len = min(
         config.max_model_len or lm.config.max_position_embeddings, lm.config.max_position_embeddings
     )
-    backend = make_backend(config.attention_backend, config.device)
+    with start_phase("kernel build and probes"):
+        backend = make_backend(config.attention_backend, config.device)
     graph_sizes: tuple[int, ...] = ()
     if config.cuda_graphs:
         if backend.name != "triton":
@@ -208,22 +211,24 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
                 f"cuda_graphs needs the triton attention backend, not {backend.name}"
             )
         graph_sizes = graph_batch_sizes(config.max_num_seqs)
-    n_blocks = num_kv_blocks(
-        config, lm.config, lambda: profile_gpu_memory(lm, backend, config, max_len)
-    )
-    runner = ModelRunner(
-        lm.model,
-        backend,
-        n_blocks,
-        config.block_size,
-        max_len,
-        _DTYPES[config.dtype],
-        config.device,
-        graph_sizes,
-    )
+    with start_phase("KV cache" + (" (warm-up to size it)" if sized_from_gpu_memory(config)
+                                   else "")):
+        n_blocks = num_kv_blocks(
+            config, lm.config, lambda: profile_gpu_memory(lm, backend, config, max_len)
+        )
+        runner = ModelRunner(
+            lm.model,
+            backend,
+            n_blocks,
+            config.block_size,
+            max_len,
+            _DTYPES[config.dtype],
+            config.device,
+            graph_sizes,
+        )
     if config.device != "cpu" and not sized_from_gpu_memory(config):
-        # compile the kernels now, not in a request (the probe already did)
-        runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
+        with start_phase("warm-up"):  # compile the kernels now, not in a request
+            runner.warmup(config.max_num_batched_tokens, config.max_num_seqs)
     pool = BlockPool(n_blocks, config.block_size)
     tier = build_tier(config, lm.name, runner) if config.kv_tier is not None else None
     if tier is not None:

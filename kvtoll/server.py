@@ -143,20 +143,23 @@ def check_tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None
 def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", *,
                    fast: bool = False, lifespan: Literal["on", "off"] = "off",
                    tls: tuple[str, str] | None = None, **options: Any) -> uvicorn.Config:
-    """The uvicorn settings every kvtoll server uses: no access log (one log line per
-    request costs more than the request), a 5 s graceful shutdown, h11 on asyncio, or
+    """The uvicorn settings every kvtoll server uses: no access log unless
+    ``access_log=True`` (``KVTOLL_ACCESS_LOG``: one log line per request costs more than
+    the request; worker polls log at DEBUG, :mod:`kvtoll.logs`), a 5 s graceful
+    shutdown, h11 on asyncio, or
     with ``fast`` httptools with coalesced writes on uvloop where available (the
     gateway). ``lifespan="on"`` for an app that starts its background loops there;
     ``tls``: serve https with that (certificate, private key) pair."""
     if tls is not None:
         options.update(ssl_certfile=tls[0], ssl_keyfile=tls[1])
     options.setdefault("timeout_graceful_shutdown", 5)
+    options.setdefault("access_log", False)
     if fast:
         protocol: Any = CoalescingHttpToolsProtocol
         loop = "auto"
     else:
         protocol, loop = "h11", "asyncio"
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
                           loop=loop, http=protocol, lifespan=lifespan, **options)
 
 

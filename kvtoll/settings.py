@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     # Crash-safe metering: a stream's progress is journaled every N tokens or M ms.
     progress_every_tokens: int = Field(default=16, ge=1)
     progress_every_ms: int = Field(default=500, ge=1)
+    access_log: bool = False  # gateway: one INFO line per request served (uvicorn's)
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:

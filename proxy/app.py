@@ -58,6 +58,7 @@ from proxy.spend import LocalSpendCounters, RedisSpendCounters, SpendCounters
 from proxy.state import ProxyState
 from proxy.upstream.base import Upstream
 from web.app import include_web_routers
+from web.landing import build_landing_router
 
 DEFAULT_RATELIMIT_PREFIX = "kvtoll:rl:"
 
@@ -153,6 +154,7 @@ def create_app(
     if fleet is not None:
         fleet.bind(state.pool, metrics)
     if web:
+        app.include_router(build_landing_router(dev_mode=settings.dev_mode))
         include_web_routers(
             app, session_factory, settings, resolver=_key_resolver(state.intake.authenticator),
             worker_status=fleet.worker_rows if fleet is not None else _pool_rows(state.pool),

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from proxy.metrics import ProxyMetrics
-from proxy.upstream.base import Upstream
+from proxy.upstream.base import ReportsUsageProblems, Upstream
 
 log = logging.getLogger(__name__)
 HEALTH_CHECK_TIMEOUT_S = 2.0
@@ -84,6 +84,11 @@ class UpstreamPool:
 
     def any_healthy(self) -> bool:
         return any(self._healthy.values())
+
+    def usage_problems(self) -> list[str]:
+        """Each upstream's reason its cached tokens cannot be billed, if it has one."""
+        return [problem for u in self._upstreams
+                if isinstance(u, ReportsUsageProblems) and (problem := u.usage_problem())]
 
     def mark(self, upstream: Upstream, healthy: bool) -> None:
         """Record the outcome of a health check or of a failed connection."""

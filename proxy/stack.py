@@ -34,6 +34,7 @@ from billing.accounts import get_tenant_by_name
 from billing.db import DbTimeouts, make_engine, session_factory
 from billing.schema import SCHEMA_REVISION, schema_revision
 from engine.api import Tokenizer
+from kvtoll.progress import start_phase
 from kvtoll.settings import Settings
 from proxy.app import Resource, create_app
 from proxy.config import db_timeouts, from_settings
@@ -265,10 +266,12 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
                          "give at least one --worker")
     options = ServeOptions(workers, options.semantic, options.routing_policy, options.tokenizer)
     remote = _remote_parts(settings, options) if workers else None  # workers answer first
-    factory = prepare_database(settings.database_url, db_timeouts(settings))
+    with start_phase("database"):
+        factory = prepare_database(settings.database_url, db_timeouts(settings))
     parts = remote or _local_parts(settings)
     if options.semantic:
-        _add_semantic(parts, settings, factory)
+        with start_phase("semantic cache (embedder load)"):
+            _add_semantic(parts, settings, factory)
     app = create_app(
         settings, upstreams=parts.upstreams, session_factory=factory, models=parts.models,
         tokenizer=parts.tokenizer, context_len=parts.context_len, semantic=parts.semantic,

@@ -185,6 +185,26 @@ def tenant_context(
     }
 
 
+WORKER_LABELS = {"name": "Worker", "worker": "Worker", "healthy": "Status", "url": "URL",
+                 "kv_events": "KV events", "pending_prefill_tokens": "Pending prefill"}
+
+
+def worker_label(column: str) -> str:
+    """A worker-status column's header (``free_blocks`` -> ``Free blocks``)."""
+    return WORKER_LABELS.get(column, column.replace("_", " ").capitalize())
+
+
+def worker_cell(column: str, value: object) -> str:
+    """A worker-status value in words: health as ``up``/``down``, other flags yes/no."""
+    if isinstance(value, bool):
+        if column == "healthy":
+            return "up" if value else "down"
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "-" if value is None else str(value)
+
+
 def admin_context(
     session: Session, start: datetime, end: datetime, workers: WorkerRows
 ) -> dict[str, Any]:
@@ -210,8 +230,8 @@ def admin_context(
             "billed": [exact_usd(r.totals.billed_pico) for r in spenders],
             "list": [exact_usd(r.totals.list_pico) for r in spenders],
         },
-        "worker_columns": columns,
-        "workers": [[str(row.get(c, "")) for c in columns] for row in workers],
+        "worker_columns": [worker_label(c) for c in columns],
+        "workers": [[worker_cell(c, row.get(c, "")) for c in columns] for row in workers],
         "invoices": invoice_rows(list_invoices(session, None)[:50], "/admin/v1/invoices", names),
         "budgets": budget_rows(budget_statuses(session, None), {}),
     }

@@ -15,6 +15,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from billing.money import display_usd, usd_to_pico
 
 WEB_DIR = Path(__file__).resolve().parent
 STATIC_DIR = WEB_DIR / "static"
@@ -40,12 +43,21 @@ def template_environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["num"] = format_count
+    env.filters["usd"] = format_usd_html
     return env
 
 
 def format_count(value: int) -> str:
     """A count with thousands separators (``1,234,567``)."""
     return f"{value:,}"
+
+
+def format_usd_html(exact: str) -> Markup:
+    """An exact USD string (:func:`billing.money.exact_usd`) shown to the cent (or to 4
+    significant digits under a cent), the exact figure in its tooltip and ``data-exact``."""
+    shown = display_usd(usd_to_pico(exact))
+    return Markup('<span class="usd" title="{0} USD" data-exact="{0}">{1}</span>').format(
+        exact, shown)
 
 
 def render_page(env: Environment, name: str, status: int = 200, **context: Any) -> HTMLResponse:

@@ -25,6 +25,7 @@ with ``kv_events=False`` the caches' events are dropped and the router relies on
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -38,6 +39,8 @@ from proxy.routing.index import ApproxIndex
 from proxy.routing.policy import Policy
 from proxy.routing.router import PrefixRouter, WorkerStatus
 from proxy.routing.types import WorkerId, WorkerLoad
+
+MAX_WORKERS = 4096
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,11 @@ class SimConfig:
     approx_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.num_workers <= 0 or self.block_size <= 0 or self.prefill_tokens_per_s <= 0:
+        if self.num_workers <= 0 or self.block_size <= 0 or not self.prefill_tokens_per_s > 0:
             raise ValueError("num_workers, block_size and prefill_tokens_per_s must be positive")
+        if self.num_workers > MAX_WORKERS or not math.isfinite(self.prefill_tokens_per_s):
+            raise ValueError(f"num_workers must be at most {MAX_WORKERS} and "
+                             "prefill_tokens_per_s finite")
         if self.cache_tokens < self.block_size:
             raise ValueError("cache_tokens must hold at least one block")
 

@@ -10,6 +10,8 @@ model ``gpt2`` = byte-level BPE) and the chat template come from the metadata.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from engine.loader.tokenizers import field as _field
-from engine.loader.tokenizers import read_gguf_tokenizer as read_tokenizer
+from engine.loader.tokenizers import gguf_tokenizer_parts, tokenizer_from_parts
+from engine.loader.weight_cache import cached_weights
 from engine.model.config import LlamaConfig
 from engine.tokenizer import TextTokenizer
 
@@ -98,9 +101,24 @@ def read_weights(reader: GGUFReader, cfg: LlamaConfig) -> dict[str, torch.Tensor
     return state
 
 
-def load_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
-    """Config, float32 HF-named weights and tokenizer of a GGUF file."""
+def load_gguf(
+    path: Path, cache_dir: Path | None = None
+) -> tuple[LlamaConfig, dict[str, torch.Tensor], TextTokenizer]:
+    """Config, float32 HF-named weights and tokenizer of a GGUF file; all three come
+    from the copy a previous start cached (:mod:`.weight_cache`) if there is one."""
     log.info("reading GGUF %s", path)
-    reader = GGUFReader(str(path))
-    cfg = read_config(reader)
-    return cfg, read_weights(reader, cfg), read_tokenizer(reader)
+
+    def read() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        reader = GGUFReader(str(path))
+        cfg = read_config(reader)
+        metadata = {"config": json.dumps(dataclasses.asdict(cfg)),
+                    "tokenizer": json.dumps(gguf_tokenizer_parts(reader))}
+        return read_weights(reader, cfg), metadata
+
+    state, metadata = cached_weights(path, read, cache_dir)
+    try:
+        cfg = LlamaConfig(**json.loads(metadata["config"]))
+        tok = tokenizer_from_parts(json.loads(metadata["tokenizer"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the weight cache of {path} is unreadable ({exc}): delete it") from exc
+    return cfg, state, tok

@@ -26,6 +26,12 @@ def field(reader: GGUFReader, key: str, default: object = None) -> object:
 
 def read_gguf_tokenizer(reader: GGUFReader) -> TextTokenizer:
     """Byte-level BPE tokenizer, EOS ids and chat template from GGUF metadata."""
+    return tokenizer_from_parts(gguf_tokenizer_parts(reader))
+
+
+def gguf_tokenizer_parts(reader: GGUFReader) -> dict[str, object]:
+    """What :func:`tokenizer_from_parts` needs, as JSON-able values (the tokenizer in
+    ``tokenizers``' own serialization), read from GGUF metadata."""
     kind = str(field(reader, "tokenizer.ggml.model"))
     if kind != "gpt2":
         raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (only gpt2 byte-level BPE)")
@@ -45,12 +51,21 @@ def read_gguf_tokenizer(reader: GGUFReader) -> TextTokenizer:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     eos = int(field(reader, "tokenizer.ggml.eos_token_id", 0))  # type: ignore[call-overload]
     bos = field(reader, "tokenizer.ggml.bos_token_id")
-    template = ChatTemplate(
-        str(field(reader, "tokenizer.chat_template", "")) or None,
-        bos_token=tokens[int(bos)] if bos is not None else "",  # type: ignore[call-overload]
-        eos_token=tokens[eos],
-    )
-    return TextTokenizer(tok, template, (eos,))
+    return {
+        "tokenizer": tok.to_str(),
+        "chat_template": str(field(reader, "tokenizer.chat_template", "")) or None,
+        "bos_token": tokens[int(bos)] if bos is not None else "",  # type: ignore[call-overload]
+        "eos_token": tokens[eos],
+        "eos_token_ids": [eos],
+    }
+
+
+def tokenizer_from_parts(parts: dict[str, object]) -> TextTokenizer:
+    """The tokenizer :func:`gguf_tokenizer_parts` describes."""
+    template = ChatTemplate(parts["chat_template"],  # type: ignore[arg-type]
+                            bos_token=str(parts["bos_token"]), eos_token=str(parts["eos_token"]))
+    eos_ids = tuple(int(i) for i in parts["eos_token_ids"])  # type: ignore[attr-defined]
+    return TextTokenizer(HFTokenizer.from_str(str(parts["tokenizer"])), template, eos_ids)
 
 
 def _token_text(value: object) -> str:

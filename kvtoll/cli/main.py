@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer vendors click
 
 
 @dataclass(frozen=True)
@@ -76,5 +77,25 @@ def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
     return app
 
 
+def run(argv: Sequence[str]) -> int:
+    """Run the command line ``argv`` and return its exit code. A mistake in the command
+    line itself (unknown option, missing or unparsable value) prints one ``error:`` line
+    and returns 2, like the commands' own checks (:func:`kvtoll.cli.errors.fail`)."""
+    app = build_app(argv)
+    try:
+        code = app(args=list(argv), prog_name="kvtoll", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        exc.show()
+        return exc.exit_code
+    except ClickException as exc:
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"error: {message} (see --help)", err=True)
+        return exc.exit_code
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        return 1
+    return code if isinstance(code, int) else 0
+
+
 def main() -> None:
-    build_app(sys.argv[1:])(prog_name="kvtoll")
+    sys.exit(run(sys.argv[1:]))

@@ -12,15 +12,19 @@ line and exits 2 before the server starts.
 
 from __future__ import annotations
 
-import logging
+import secrets
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import uvicorn
+from pydantic import SecretStr
 
 from kvtoll.cli.errors import fail
+from kvtoll.logs import configure_logging
+from kvtoll.served_models import record_served_models
 from kvtoll.server import check_port_free, uvicorn_config
-from kvtoll.settings import load_settings
+from kvtoll.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from proxy.stack import ServeOptions
@@ -36,21 +40,38 @@ def server_config(app: Any, *, host: str, port: int, log_level: str = "info",
     return uvicorn_config(app, host, port, log_level, fast=True, lifespan="on", **options)
 
 
+def with_dev_admin_token(settings: Settings) -> tuple[Settings, str | None]:
+    """In dev mode without ``KVTOLL_ADMIN_TOKEN``: the settings with a random admin token
+    for this run and that token (printed once the gateway is built), so that
+    ``/admin/dashboard`` works out of the box; else ``settings`` and ``None``."""
+    if not settings.dev_mode or settings.admin_token.get_secret_value():
+        return settings, None
+    token = secrets.token_urlsafe(24)
+    return settings.model_copy(update={"admin_token": SecretStr(token)}), token
+
+
 def _run(host: str, port: int, options: ServeOptions, overrides: dict[str, object]) -> None:
     from proxy.stack import build_stack
 
-    settings = load_settings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    began = time.perf_counter()
+    settings, dev_admin_token = with_dev_admin_token(load_settings(**overrides))
+    configure_logging(settings.log_level)
     try:
         check_port_free(host, port)
         stack = build_stack(settings, options)
     except ValueError as exc:  # StackError and the port check
         fail(str(exc))
     try:
+        record_served_models(settings.data_dir, stack.model_names)  # for `kvtoll price set`
+        if dev_admin_token is not None:
+            typer.echo(f"kvtoll serve: dev mode: admin token for /admin/dashboard and "
+                       f"/admin/...: {dev_admin_token} (new each start; set "
+                       "KVTOLL_ADMIN_TOKEN to choose one)", err=True)
         models = ", ".join(stack.model_names)
-        typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1", err=True)
-        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level)
+        typer.echo(f"kvtoll serve: {models} on http://{host}:{port}/v1 (started in "
+                   f"{time.perf_counter() - began:.1f} s)", err=True)
+        config = server_config(stack.app, host=host, port=port, log_level=settings.log_level,
+                               access_log=settings.access_log)
         uvicorn.Server(config).run()
     finally:
         stack.close()

@@ -50,6 +50,8 @@ async def readyz(state: StateDep) -> Response:
         "upstreams": {u.name: state.pool.is_healthy(u.name) for u in state.pool.upstreams},
         "ledger": "outbox" if backlog or state.meter.db_suspected_down else "ok",
         "outbox_depth": backlog,
+        # upstreams whose usage lacks prompt_tokens_details (proxy.upstream.usage_report)
+        "billing_warnings": state.pool.usage_problems(),
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from engine.api import KVShare
 from engine.kv.hashing import TenantSalt
@@ -70,6 +70,14 @@ class UpstreamRejected(ValueError):
         super().__init__(message)
         self.status = status
         self.param = param
+
+
+@runtime_checkable
+class ReportsUsageProblems(Protocol):
+    """An upstream that can tell why its usage reports fall short of what billing needs
+    (:mod:`proxy.upstream.usage_report`)."""
+
+    def usage_problem(self) -> str | None: ...
 
 
 class Upstream(Protocol):

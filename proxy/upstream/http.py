@@ -52,6 +52,7 @@ from proxy.upstream.base import (
 )
 from proxy.upstream.h1 import H1Client, H1Error, H1Response, H1Timeout, Origin
 from proxy.upstream.sse_events import SseEvents
+from proxy.upstream.usage_report import UsageReportWatch
 
 _REJECTED = {400: 400, 413: 413, 422: 400}
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -119,6 +120,7 @@ class HttpUpstream:
         self._auth_headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._static_headers = {"accept": "text/event-stream", "content-type": "application/json",
                                 **self._auth_headers}
+        self._usage_report = UsageReportWatch(self.name)
 
     @property
     def name(self) -> str:
@@ -185,7 +187,12 @@ class HttpUpstream:
             usage = reader.finish()
         except (ValueError, TypeError, AttributeError) as exc:
             raise reader.error(f"{self.name} sent malformed usage: {exc!r}", 502) from None
+        self._usage_report.observe(reported_cached_tokens(usage))
         yield usage
+
+    def usage_problem(self) -> str | None:
+        """Why this upstream's cached tokens cannot be billed (:mod:`.usage_report`)."""
+        return self._usage_report.problem()
 
     async def health(self) -> bool:
         """``GET /healthz`` (kvtoll workers, vLLM), else ``GET /v1/models``."""
@@ -327,6 +334,11 @@ def checked_tool_calls(raw: object) -> list[dict[str, Any]]:
         if not isinstance(entry.get("function", {}), dict):
             raise TypeError("a tool call's function must be an object")
     return raw
+
+
+def reported_cached_tokens(usage: UpstreamUsage) -> bool:
+    """Whether the upstream's usage said how many prompt tokens were cached."""
+    return not usage.extra.get("estimated") and usage.extra.get("cached_tokens_reported", True)
 
 
 def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:

@@ -228,3 +228,23 @@ def test_upgrade_refuses_tenant_names_that_clash_in_case(cli: CliRunner, sqlite_
                          "kv_reserved_blocks) VALUES (?, '2026-01-01', 0, 0)", (name,))
     _assert_refused(cli, sqlite_url, "db", "upgrade", match="ACME, acme; Beta, beta")
     assert _ok(cli, "db", "current").stdout.strip() == f"current 0002 head {SCHEMA_REVISION}"
+
+
+def test_price_set_refuses_a_model_the_gateway_does_not_serve(
+    cli: CliRunner, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvtoll.served_models import record_served_models
+
+    _ok(cli, "db", "upgrade")
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv("KVTOLL_DATA_DIR", str(data_dir))
+    price = ("--input", "0.15", "--cached-input", "0.075", "--output", "0.6",
+             "--semantic-fraction", "0.1")
+    unchecked = _ok(cli, "price", "set", "anything", *price)  # no gateway recorded models
+    assert unchecked.stderr.startswith("warning: cannot check")
+    record_served_models(data_dir, ["SmolLM2-135M-Instruct.Q4_1", "other"])
+    _assert_refused(cli, sqlite_url, "price", "set", "SmolLM2-135M-Instruct", *price,
+                    match="served: SmolLM2-135M-Instruct.Q4_1, other")
+    assert _ok(cli, "price", "set", "SmolLM2-135M-Instruct.Q4_1", *price).stderr == ""
+    _ok(cli, "price", "set", "SmolLM2-135M-Instruct", *price, "--force")
+    assert "SmolLM2-135M-Instruct\t" in _ok(cli, "price", "list").stdout

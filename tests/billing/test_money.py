@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from billing.errors import InvalidInput
 from billing.money import (
+    display_usd,
     format_usd,
     parse_fraction_ppm,
     parse_price_per_1m,
@@ -80,3 +81,23 @@ def test_format_rounds_half_even_for_display() -> None:
     assert format_usd(12_345_678_900_000, places=2) == "12.35"
     assert price_per_1m_usd(10**7) == Decimal(10)
     assert str(price_per_1m_usd(10**7)) == "10"
+
+
+@given(st.integers(min_value=-(10**24), max_value=10**24))
+def test_display_usd_is_the_exact_amount_to_the_cent_or_4_significant_digits(pico: int) -> None:
+    shown = display_usd(pico)
+    exact = pico_to_usd(pico)
+    value = Decimal(shown.replace(",", ""))
+    if abs(value) >= Decimal("0.01") or pico == 0:
+        assert shown.rpartition(".")[2].isdigit() and len(shown.rpartition(".")[2]) == 2
+        assert abs(value - exact) <= Decimal("0.005")
+    else:  # under a cent: at most 4 significant digits, within half a unit of the last
+        assert 1 <= len(value.normalize().as_tuple().digits) <= 4
+        assert abs(value - exact) <= abs(exact) * Decimal("0.0005") * 2
+
+
+def test_display_usd_examples() -> None:
+    assert [display_usd(p) for p in (0, 1, 12_345, 9_999_999_999, 123_456_789_012_345,
+                                     1_234_567 * 10**12, -30 * 10**9, 1_200_000_000)] == [
+        "0.00", "0.000000000001", "0.00000001234", "0.01", "123.46", "1,234,567.00", "-0.03",
+        "0.0012"]

@@ -5,6 +5,8 @@ defaults with the real bundled SmolLM2-135M-Instruct (the README's first command
 from __future__ import annotations
 
 import os
+import re
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -97,6 +99,25 @@ def _check_hits_billed_cheaper(rows: list[UsageRecord], expected: int) -> None:
     assert len(hits) == expected and all(h.billed_pico < h.list_pico for h in hits)
 
 
+def _check_dev_admin_token(port: int, proc: subprocess.Popen[bytes]) -> None:
+    """Dev mode without KVTOLL_ADMIN_TOKEN: the token printed at start opens the admin
+    dashboard (it was printed before the server answered, so it is in the pipe)."""
+    assert proc.stderr is not None
+    fd, seen = proc.stderr.fileno(), b""  # raw reads: select cannot see a file's buffer
+    while not re.search(rb"/admin/\.\.\.: (\S+) ", seen):
+        ready, _, _ = select.select([fd], [], [], 10)
+        assert ready, f"no admin token line in {seen[-2000:]!r}"
+        seen += os.read(fd, 65536)
+    match = re.search(rb"/admin/\.\.\.: (\S+) ", seen)
+    assert match is not None
+    token = match.group(1).decode()
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        signed = client.post("/admin/dashboard/login", data={"admin_token": token},
+                             follow_redirects=True)
+        assert signed.status_code == 200 and 'id="tenants"' in signed.text
+        assert client.get("/").status_code == 200
+
+
 def test_serve_in_front_of_a_worker(
     env: dict[str, str], billing_db: sessionmaker[Session]
 ) -> None:
@@ -110,6 +131,7 @@ def test_serve_in_front_of_a_worker(
                         f"http://127.0.0.1:{worker_port}", env=env)
         try:
             _wait_healthy(proxy_port, proxy, 120)
+            _check_dev_admin_token(proxy_port, proxy)
             client = _check_prefix_cache_and_isolation(proxy_port, "kvtoll-tiny", tenants)
             # streamed: the worker's first-chunk counts make the header say so up front
             with client.chat.completions.with_streaming_response.create(

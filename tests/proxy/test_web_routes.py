@@ -58,3 +58,21 @@ def test_gateway_serves_dashboard_usage_api_and_admin_dashboard(
             assert admin.status_code == 200
             assert "acme" in admin.text and "globex" in admin.text
             assert "worker-a" in admin.text  # the pool's worker status
+
+
+def test_root_is_a_landing_page_and_docs_list_the_api(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    upstream = ScriptedUpstream("worker-a", num_words=4)
+    with LiveServer(build_app(settings, db, upstreams=[upstream])) as server:
+        root = httpx.get(server.url + "/", timeout=30)
+        assert root.status_code == 200 and root.headers["content-type"].startswith("text/html")
+        assert root.headers["content-security-policy"].startswith("default-src 'self'")
+        for href in ("/dashboard", "/admin/dashboard", "/docs", "/metrics"):
+            assert f'href="{href}"' in root.text
+            linked = httpx.get(server.url + href, timeout=30)
+            assert linked.status_code in (200, 401), (href, linked.status_code)  # metrics: token
+        docs = httpx.get(server.url + "/docs", timeout=30)
+        assert docs.status_code == 200
+        for route in ("/v1/chat/completions", "/v1/models", "/v1/invoices/preview", "/readyz"):
+            assert f"<code>{route}</code>" in docs.text

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.invoice_export import exact_usd
 from billing.invoices import close_period, parse_period
 from billing.models import Tenant
+from billing.money import display_usd
 from kvtoll.settings import Settings
 from tests.pdf_text import pdf_text
 from tests.web.webseed import (
@@ -83,7 +84,14 @@ def site(sqlite_web_factory: sessionmaker[Session], settings: Settings) -> Itera
     record(factory, alpha, random_entries(rng, alpha, PERIOD.start, 31, 80))
     record(factory, beta, random_entries(rng, beta, PERIOD.start, 31, 50))
     alpha_invoice, beta_invoice = _close(factory, alpha), _close(factory, beta)
-    workers = [{"worker": "w0", "url": "inproc://engine", "healthy": True, "running": 2}]
+    # the columns the routing fleet reports (proxy.routing.fleet), one worker up, one down
+    workers = [
+        {"name": f"http://10.0.0.{i}:9000", "healthy": i == 5, "url": "inproc://engine",
+         "source": "static", "kv_events": True, "running": 12, "waiting": 3,
+         "free_blocks": "61234/65536", "pending_prefill_tokens": 123456,
+         "indexed_blocks": 65536}
+        for i in (5, 6)
+    ]
     app = create_web_app(settings, factory, worker_status=lambda: workers)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -117,6 +125,25 @@ def _shot(page: object, tmp_path: Path, name: str) -> None:
         shutil.copy(path, OUT_DIR / name)
     except OSError:
         pass
+
+
+def _assert_money(page: object, selector: str, pico: int) -> None:
+    """Shown to the cent (or 4 significant digits under it), exact in the tooltip."""
+    assert page.inner_text(selector) == display_usd(pico)  # type: ignore[attr-defined]
+    shown = page.locator(f"{selector} .usd")  # type: ignore[attr-defined]
+    assert shown.get_attribute("title") == f"{exact_usd(pico)} USD"
+    assert shown.get_attribute("data-exact") == exact_usd(pico)
+
+
+def _assert_tables_fit(page: object) -> None:
+    """At this width no table scrolls sideways: every column, "Saved $" included, shows."""
+    overflowing = page.evaluate(  # type: ignore[attr-defined]
+        "[...document.querySelectorAll('.table-wrap')]"
+        ".filter(w => w.scrollWidth > w.clientWidth + 1)"
+        ".map(w => w.querySelector('table').id)"
+    )
+    assert overflowing == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]  # type: ignore[attr-defined]
 
 
 def _sign_in(page: object, site: Site, key: str) -> None:
@@ -154,9 +181,10 @@ def test_tenant_dashboard_shows_the_ledger_and_downloads_invoices(
     assert page.inner_text("#total-input-tokens") == f"{sum(e.prompt_tokens for e in sent):,}"
     assert page.inner_text("#total-cached-tokens") == f"{sum(e.cached_tokens for e in sent):,}"
     assert page.inner_text("#total-output-tokens") == f"{sum(e.completion_tokens for e in sent):,}"
-    assert page.inner_text("#total-billed") == exact_usd(billed)
-    assert page.inner_text("#total-list") == exact_usd(listed)
-    assert page.inner_text("#total-savings") == exact_usd(listed - billed)
+    _assert_money(page, "#total-billed", billed)
+    _assert_money(page, "#total-list", listed)
+    _assert_money(page, "#total-savings", listed - billed)
+    _assert_tables_fit(page)
     drawn = page.evaluate(
         "['chart-requests','chart-layers','chart-hit-rates','chart-spend']"
         ".every(id => Chart.getChart(document.getElementById(id)) !== undefined)"
@@ -165,7 +193,7 @@ def test_tenant_dashboard_shows_the_ledger_and_downloads_invoices(
     _shot(page, tmp_path, "dashboard-laptop.png")
 
     row = page.locator(f"tr[data-invoice-id='{site.alpha_invoice}']")
-    assert row.locator(".invoice-total").inner_text() == exact_usd(billed)
+    _assert_money(page, f"tr[data-invoice-id='{site.alpha_invoice}'] .invoice-total", billed)
     with page.expect_download() as info:
         row.locator("a.dl-pdf").click()
     pdf = tmp_path / "invoice.pdf"
@@ -230,11 +258,15 @@ def test_bad_key_is_refused_and_admin_sees_every_tenant(
     page.goto(site.base + "/admin/dashboard?start=2026-01-01&end=2026-01-31")
     tenants = page.inner_text("#tenants")
     assert "alpha" in tenants and "beta-corp" in tenants
-    assert "inproc://engine" in page.inner_text("#workers")
+    workers = page.inner_text("#workers")
+    assert "inproc://engine" in workers and "True" not in workers
+    statuses = page.locator("#workers tbody tr td:nth-child(2)").all_inner_texts()
+    assert statuses == ["up", "down"]
+    _assert_tables_fit(page)
     with site.factory() as session:
         totals = [ledger_money(session, s.tenant_id, PERIOD.start, PERIOD.end)
                   for s in (site.alpha, site.beta)]
-    assert page.inner_text("#total-billed") == exact_usd(sum(b for b, _ in totals))
+    _assert_money(page, "#total-billed", sum(b for b, _ in totals))
     _shot(page, tmp_path, "admin-laptop.png")
     page.set_viewport_size(PHONE)
     page.reload()

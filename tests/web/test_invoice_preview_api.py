@@ -24,6 +24,7 @@ from tests.web.webseed import (
     record,
 )
 from web.app import create_web_app
+from web.pages import format_usd_html
 
 
 def test_preview_is_the_callers_open_month_as_a_draft(
@@ -65,7 +66,8 @@ def test_preview_is_the_callers_open_month_as_a_draft(
     client.post("/dashboard/login", data={"api_key": alpha.first_key})
     page = client.get("/dashboard")
     assert page.status_code == 200 and 'id="invoice-preview"' in page.text
-    assert f'id="preview-total">{exact_usd(billed)}<' in page.text
+    assert str(format_usd_html(exact_usd(billed))) in page.text  # to the cent, exact on hover
+    assert f'id="preview-total"><span class="usd" title="{exact_usd(billed)} USD"' in page.text
 
 
 def test_dashboards_show_budgets_with_this_months_spend(
@@ -88,7 +90,7 @@ def test_dashboards_show_budgets_with_this_months_spend(
     client.post("/dashboard/login", data={"api_key": alpha.first_key})
     page = client.get("/dashboard").text
     assert page.count('data-state="exceeded"') == 1 and page.count('data-state="ok"') == 1
-    assert f"<td>{exact_usd(billed)}</td>" in page and "alpha-key-0" in page
+    assert f"<td>{format_usd_html(exact_usd(billed))}</td>" in page and "alpha-key-0" in page
     assert ">100%<" in page and ">25%<" in page and ">50%<" in page
     client.post("/admin/dashboard/login", data={"admin_token": ADMIN_TOKEN})
     admin = client.get("/admin/dashboard").text

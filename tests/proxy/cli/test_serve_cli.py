@@ -132,3 +132,28 @@ def test_discovery_needs_a_worker_list(env: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("KVTOLL_REDIS_URL", "redis://127.0.0.1:1")
     code, output = _serve("--worker-discovery")
     assert code == 2 and "give at least one --worker" in output
+
+
+def test_dev_mode_without_admin_token_gets_a_generated_one() -> None:
+    from kvtoll.settings import load_settings
+    from proxy.cli.serve import with_dev_admin_token
+
+    dev, token = with_dev_admin_token(load_settings(dev_mode=True, admin_token=""))
+    assert token is not None and len(token) >= 32
+    assert dev.admin_token.get_secret_value() == token
+    assert dev.admin_disabled_reason() is None and dev.admin_token_matches(token)
+    _, again = with_dev_admin_token(load_settings(dev_mode=True, admin_token=""))
+    assert again != token  # random per start
+    chosen = load_settings(dev_mode=True, admin_token="mine")
+    assert with_dev_admin_token(chosen) == (chosen, None)
+    production = load_settings(dev_mode=False, admin_token="")
+    assert with_dev_admin_token(production) == (production, None)  # refused later, as before
+
+
+def test_a_dev_mode_start_that_fails_prints_only_the_error(env: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTOLL_DEV_MODE", "1")
+    monkeypatch.setenv("KVTOLL_ADMIN_TOKEN", "")
+    code, output = _serve("--worker", "not-a-url")
+    assert code == 2 and output.startswith("error: ") and output.count("\n") == 1
+    assert "admin token" not in output

@@ -197,6 +197,32 @@ async def test_reported_usage_without_cached_details(
     assert usage.extra == {"cached_tokens_reported": False}
 
 
+async def test_an_upstream_without_cached_details_is_warned_about_once(
+    third_party: HttpUpstream, script: Script, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM without --enable-prompt-tokens-details (SGLang without --enable-cache-report):
+    one WARNING naming the flags at the first such response, and the finding stays."""
+    with_details = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1,
+                                             "prompt_tokens_details": {"cached_tokens": 0}}}
+    script.events = [chat_event(0, "a", "stop"), with_details]
+    await _run(third_party, _req(_chat()))
+    assert third_party.usage_problem() is None
+    script.events = [chat_event(0, "a", "stop"),
+                     {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}]
+    with caplog.at_level("WARNING", logger="proxy.upstream.usage_report"):
+        for _ in range(3):
+            await _run(third_party, _req(_chat()))
+    warned = [r.getMessage() for r in caplog.records if r.name == "proxy.upstream.usage_report"]
+    assert len(warned) == 1 and "--enable-prompt-tokens-details" in warned[0]
+    assert "--enable-cache-report" in warned[0] and third_party.name in warned[0]
+    assert third_party.usage_problem() == warned[0]
+
+
+async def test_kvtoll_workers_report_cached_details(worker: HttpUpstream) -> None:
+    await _run(worker, _req(_chat(max_tokens=2)))
+    assert worker.usage_problem() is None
+
+
 @pytest.mark.parametrize(
     ("status", "body", "kind", "mapped"),
     [
