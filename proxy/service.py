@@ -52,8 +52,8 @@ from proxy.intake import Prepared
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
-from proxy.semantic.capacity import TenantCapacity
 from proxy.progress import ProgressJournal
+from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
