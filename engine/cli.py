@@ -35,6 +35,7 @@ DEFAULT_PORT = 8001
 _MIB = 1024 * 1024
 MAX_BODY_MB = 1024.0
 MAX_HEARTBEAT_TTL_S = 86_400.0
+MAX_KV_TIER_MB = 16 * 1024 * 1024  # 16 TiB: anything larger is a typo
 
 
 def engine_config(
@@ -91,8 +92,8 @@ def tier_config(
 ) -> TierConfig | None:
     """Tier 2 from ``--kv-tier-mb`` / ``--kv-shared`` and the ``KVTOLL_KV_TIER_*``
     settings; None when off; ``ValueError`` names a bad value."""
-    if kv_tier_mb < 0:
-        raise ValueError(f"--kv-tier-mb must be >= 0, got {kv_tier_mb}")
+    if not 0 <= kv_tier_mb <= MAX_KV_TIER_MB:
+        raise ValueError(f"--kv-tier-mb must be in 0..{MAX_KV_TIER_MB}, got {kv_tier_mb}")
     if kv_shared not in ("redis", "peer", "off"):
         raise ValueError(f"--kv-shared must be redis, peer or off, got {kv_shared!r}")
     if kv_tier_mb == 0:

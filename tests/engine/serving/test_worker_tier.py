@@ -48,7 +48,7 @@ def _app() -> typer.Typer:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--kv-tier-mb", "-1"], "--kv-tier-mb must be >= 0"),
+        (["--kv-tier-mb", "-1"], "--kv-tier-mb must be in 0.."),
         (["--kv-tier-mb", "8", "--kv-shared", "disk"], "--kv-shared must be redis, peer or off"),
         (["--kv-tier-mb", "8", "--kv-shared", "redis"], "needs KVTOLL_REDIS_URL"),
         (["--kv-shared", "redis"], "--kv-shared needs a host tier"),

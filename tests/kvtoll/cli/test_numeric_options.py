@@ -33,7 +33,7 @@ CASES: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {
         "--block-size": INT_BAD, "--num-blocks": INT_BAD, "--kv-cache-mb": INT_BAD,
         "--gpu-memory-utilization": FLOAT_BAD, "--max-model-len": INT_BAD,
         "--max-num-seqs": INT_BAD, "--max-batched-tokens": INT_BAD, "--max-n": INT_BAD,
-        "--max-body-mb": FLOAT_BAD, "--heartbeat-ttl": FLOAT_BAD,
+        "--max-body-mb": FLOAT_BAD, "--heartbeat-ttl": FLOAT_BAD, "--kv-tier-mb": INT_BAD,
     },
     ("tenant", "policy", "acme"): {
         "--semantic-threshold": FLOAT_BAD, "--kv-reserved-blocks": INT_BAD,
