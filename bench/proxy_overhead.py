@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo r
 
 import httpx
 
-from bench import gateway_peers, latency_series
+from bench import gateway_peers, latency_series, ledger_audit
 from bench.fixed_upstream import MODEL, serve_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,38 +238,6 @@ def closed_loop(target: Target, concurrency: int, seconds: float,
             "cpu_ms_per_request": round(cpu * 1000 / done, 3) if done else None}
 
 
-def ledger_ids(database_url: str) -> list[str]:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(database_url)
-    with engine.connect() as conn:
-        ids = [str(r) for r in conn.execute(text("SELECT request_id FROM usage_ledger")).scalars()]
-    engine.dispose()
-    return ids
-
-
-def _uuid_hex(request_id: str) -> str:
-    """The same id however it is spelled (the ledger may store UUIDs without dashes)."""
-    try:
-        return uuid.UUID(request_id).hex
-    except ValueError:
-        return request_id
-
-
-def ledger_check(target: Target, answered: list[str], timeout_s: float = 30.0) -> dict[str, Any]:
-    """Once the outbox drained (rows stop lagging): rows, answered, lost and extra."""
-    assert target.database_url is not None
-    deadline = time.monotonic() + timeout_s
-    rows = ledger_ids(target.database_url)
-    while len(rows) < len(answered) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        rows = ledger_ids(target.database_url)
-    have, want = {_uuid_hex(r) for r in rows}, {_uuid_hex(r) for r in answered}
-    return {"answered": len(answered), "ledger_rows": len(rows),
-            "lost": len(want - have), "extra": len(have - want),
-            "doubled": len(rows) - len(have) + (len(answered) - len(want))}
-
-
 def spawn_peer(launch: gateway_peers.PeerLaunch, log_path: Path,
                nice: int = 0) -> subprocess.Popen[bytes]:
     """Start a peer gateway; its output goes to ``log_path`` (read it if it fails)."""
@@ -372,7 +339,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   for _ in range(args.rounds)]
         throughput = {c: {t.name: closed_loop(t, c, args.seconds, answered) for t in targets}
                       for c in concurrencies}
-        ledgers = {g.name: ledger_check(g, answered.ids.get(g.name, [])) for g in gateways}
+        ledgers = {g.name: ledger_audit.check(g.database_url or "", answered.ids.get(g.name, []))
+                   for g in gateways}
     finally:
         for proc in procs:
             proc.terminate()
