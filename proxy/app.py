@@ -299,10 +299,14 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
 def _bill_cut_streams(state: ProxyState) -> None:
     """Put the provisional rows of streams a killed process never finished into the
     outbox (each request id once: a final row already queued or written wins)."""
+    log = logging.getLogger(__name__)
     left = state.progress.recover()
-    for request_id, payload in left:
-        state.outbox.put(request_id, payload)
+    try:
+        for request_id, payload in left:
+            state.outbox.put(request_id, payload)
+    except OSError as exc:  # the file stays: the next start tries again (ids once)
+        log.error("cannot queue the cut streams' rows (%s); kept for the next start", exc)
+        return
     if left:
-        logging.getLogger(__name__).warning(
-            "billed %d stream(s) cut by the previous process's end", len(left))
+        log.warning("billed %d stream(s) cut by the previous process's end", len(left))
     state.progress.forget_recovered()

@@ -69,8 +69,12 @@ class ProgressJournal:
         return list(left.items())
 
     def forget_recovered(self) -> None:
-        """The recovered entries are durable elsewhere: start the file afresh."""
-        self._rewrite()
+        """The recovered entries are durable elsewhere: start the file afresh (if the disk
+        refuses, they are recovered again at the next start: billed once all the same)."""
+        try:
+            self._rewrite()
+        except OSError as exc:
+            log.warning("progress journal: cannot start afresh (%s)", exc)
 
     def due(self, tokens: int, last_tokens: int, last_at: float) -> bool:
         """Whether a stream at ``tokens`` (journaled at ``last_tokens``, ``last_at``)

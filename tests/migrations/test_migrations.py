@@ -279,3 +279,19 @@ def test_0003_refuses_names_that_clash_in_case_and_lists_them(db_url: str) -> No
     assert is_up_to_date(db_url)
     with pytest.raises(IntegrityError):
         _tenant_rows(db_url, ["GAMMA"])
+
+
+def test_0008_marks_existing_rows_not_cut_and_downgrades(db_url: str) -> None:
+    upgrade(db_url, "0001")
+    rows = _old_ledger(db_url)
+    upgrade(db_url, "0008")
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        cut = conn.execute(select(UsageRecord.cut)).scalars().all()
+    engine.dispose()
+    assert cut == [False] * len(rows)
+    downgrade(db_url, "0005")
+    engine = make_engine(db_url)
+    columns = {c["name"] for c in inspect(engine).get_columns("usage_ledger")}
+    engine.dispose()
+    assert "cut" not in columns and "billed_pico" in columns
