@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -43,6 +44,9 @@ from proxy.upstream.base import Upstream
 from proxy.upstream.link import WorkerLink
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from proxy.semantic.service import SemanticCache
 
 
 class StackError(ValueError):
@@ -231,13 +235,19 @@ def _local_parts(settings: Settings) -> _Parts:
     return parts
 
 
-def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Session]) -> None:
-    from proxy.deps import get_key, require_admin
+def _load_semantic_cache(settings: Settings) -> SemanticCache:
+    """The semantic cache with its embedder loaded (run beside the engine's load)."""
     from proxy.semantic.factory import build_semantic_cache
+
+    with start_phase("semantic cache (embedder load)"):
+        return build_semantic_cache(settings.redis_url)
+
+
+def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Session],
+                  cache: SemanticCache) -> None:
+    from proxy.deps import get_key, require_admin
     from proxy.semantic.gateway import SemanticCacheAdapter
     from proxy.semantic.routes import build_admin_cache_router, build_cache_router
-
-    cache = build_semantic_cache(settings.redis_url)
 
     def resolve_tenant(name: str) -> int | None:
         with factory() as session:
@@ -266,12 +276,16 @@ def build_stack(settings: Settings, options: ServeOptions, **app_kwargs: Any) ->
                          "give at least one --worker")
     options = ServeOptions(workers, options.semantic, options.routing_policy, options.tokenizer)
     remote = _remote_parts(settings, options) if workers else None  # workers answer first
-    with start_phase("database"):
-        factory = prepare_database(settings.database_url, db_timeouts(settings))
-    parts = remote or _local_parts(settings)
-    if options.semantic:
-        with start_phase("semantic cache (embedder load)"):
-            _add_semantic(parts, settings, factory)
+    # The embedder loads in a second thread while the database and the engine get ready
+    # (both mostly wait on torch, which releases the GIL): a start takes the longer of
+    # the two, not their sum.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtoll-start") as loader:
+        semantic = loader.submit(_load_semantic_cache, settings) if options.semantic else None
+        with start_phase("database"):
+            factory = prepare_database(settings.database_url, db_timeouts(settings))
+        parts = remote or _local_parts(settings)
+        if semantic is not None:
+            _add_semantic(parts, settings, factory, semantic.result())
     app = create_app(
         settings, upstreams=parts.upstreams, session_factory=factory, models=parts.models,
         tokenizer=parts.tokenizer, context_len=parts.context_len, semantic=parts.semantic,
