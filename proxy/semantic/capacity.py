@@ -21,10 +21,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from proxy.semantic.store import CacheEntry
+
+class CacheEntry(Protocol):
+    """What sizing needs of a :class:`proxy.semantic.store.CacheEntry`."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def answer(self) -> dict[str, Any]: ...
+
+    @property
+    def vector(self) -> Any: ...
 
 MAX_TENANTS = 100_000  # overrides kept; past it the table starts again from defaults
 
