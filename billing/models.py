@@ -206,6 +206,10 @@ class UsageRecord(Base):
     recorded_at: Mapped[datetime] = mapped_column(UtcDateTime())  # row written
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Of cached_tokens, those a worker's KV tier loaded: its host tier / the shared
+    # store (NULL: no tier, or not reported).
+    tier_host_cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tier_shared_cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"), nullable=True)
     billed_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)
@@ -237,6 +241,8 @@ class UsageHourly(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
     billed_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)
+    tier_host_cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    tier_shared_cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class Invoice(Base):

@@ -63,4 +63,16 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
         created_at=prep.arrived_at,
         latency_ms=round((now - prep.started) * 1000, 3),
         ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
+        **_tier_fields(flight, cached),
     )
+
+
+def _tier_fields(flight: Flight, cached: int) -> dict[str, int | None]:
+    """The ledger's tier layers: of the billed ``cached`` tokens, those the worker's
+    KV tier loaded, as its usage said (None when it has no tier or no usage came)."""
+    usage = flight.tally.usage
+    tier = None if flight.hit is not None or usage is None else usage.tier_cached_tokens
+    if tier is None:
+        return {"tier_host_cached_tokens": None, "tier_shared_cached_tokens": None}
+    tier = tier.clamped(cached)
+    return {"tier_host_cached_tokens": tier.host, "tier_shared_cached_tokens": tier.shared}
