@@ -9,6 +9,7 @@ from typer.testing import CliRunner, Result
 
 from billing import keys
 from billing.cli import register
+from billing.schema import SCHEMA_REVISION as HEAD
 
 
 def _app() -> typer.Typer:
@@ -57,12 +58,12 @@ def test_commands_before_upgrade_fail_without_creating_a_database(
 
 
 def test_db_upgrade_current_and_downgrade(cli: CliRunner, sqlite_url: str) -> None:
-    assert "database at 0005" in _ok(cli, "db", "upgrade").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current 0005 head 0005"
+    assert f"database at {HEAD}" in _ok(cli, "db", "upgrade").stdout
+    assert _ok(cli, "db", "current").stdout.strip() == f"current {HEAD} head {HEAD}"
     _assert_refused(cli, sqlite_url, "db", "downgrade", match="--yes")
     _assert_refused(cli, sqlite_url, "db", "upgrade", "--revision", "nope", match="nope")
     assert "database at base" in _ok(cli, "db", "downgrade", "--yes").stdout
-    assert _ok(cli, "db", "current").stdout.strip() == "current base head 0005"
+    assert _ok(cli, "db", "current").stdout.strip() == f"current base head {HEAD}"
     _ok(cli, "db", "upgrade")
     _ok(cli, "tenant", "create", "acme")
 
@@ -158,7 +159,7 @@ def test_price_bad_input(
 def test_cli_on_postgres(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVTOLL_DATABASE_URL", migrated_url)
     runner = CliRunner()
-    assert "database at 0005" in _ok(runner, "db", "upgrade").stdout
+    assert f"database at {HEAD}" in _ok(runner, "db", "upgrade").stdout
     _ok(runner, "tenant", "create", "acme")
     result = _run(runner, "tenant", "create", "acme")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
@@ -215,4 +216,4 @@ def test_upgrade_refuses_tenant_names_that_clash_in_case(cli: CliRunner, sqlite_
             conn.execute("INSERT INTO tenants (name, created_at, semantic_allow_sampled, "
                          "kv_reserved_blocks) VALUES (?, '2026-01-01', 0, 0)", (name,))
     _assert_refused(cli, sqlite_url, "db", "upgrade", match="ACME, acme; Beta, beta")
-    assert _ok(cli, "db", "current").stdout.strip() == "current 0002 head 0005"
+    assert _ok(cli, "db", "current").stdout.strip() == f"current 0002 head {HEAD}"
