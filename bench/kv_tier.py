@@ -6,9 +6,10 @@ deleted at the end)::
     PYTHONPATH=. .venv/bin/python bench/kv_tier.py [--prompt-tokens 2048] [--trace FILE]
         [--requests 41] [--tokens-per-id 32] [--pool-blocks 16] [--tier-mb 256]
 
-Every engine is the real model (bundled SmolLM2-135M GGUF), all engines in this
-process share one copy of the weights, each has its own KV pool, tier and step thread
-("a worker" below is one such engine; the shared tier is the real Redis).
+Every engine is the real model (bundled SmolLM2-135M GGUF); in (a) and (d) the
+engines of this process share one copy of the weights, each with its own KV pool,
+tier and step thread ("a worker" there is one such engine), (b) runs worker
+processes; the shared tier is the real Redis.
 
 (a) TTFT of a ``--prompt-tokens`` prompt whose prefix only worker A computed, on worker
     B: recompute (tier off) vs shared tier (prefetch from Redis + load), same run,
@@ -16,11 +17,13 @@ process share one copy of the weights, each has its own KV pool, tier and step t
 (b) A Mooncake conversation trace window: the first ``--requests`` requests of the
     first sessions (same leading two hash ids) with 3+ turns, each hash id turned into
     ``--tokens-per-id`` deterministic tokens, prompts cut at 6 ids, 4 output tokens, in
-    trace order, one at a time, alternating between 2 workers (round robin: the prefix
-    of a conversation's next turn is on the other worker), pools of ``--pool-blocks``.
-    Prefix hit ratio (cached / prompt tokens) and mean TTFT with tier off, tier 2 only,
-    tier 2 + shared.
-(c) ``/metrics`` of each tier of both workers after (b) (tier 2 + shared).
+    trace order, one at a time, alternating between 2 real ``kvtoll worker`` processes
+    (round robin: the prefix of a conversation's next turn is on the other worker),
+    pools of ``--pool-blocks``; three such pairs (tier off, tier 2 only, tier 2 +
+    shared) run side by side and take each request in turn
+    (:mod:`bench.kv_tier_workers`). Prefix hit ratio (cached / prompt tokens), mean
+    TTFT, and the cached tokens each tier served (usage ``kvtoll_tier_cached_tokens``).
+(c) ``/metrics`` of each tier of the tiered workers after (b).
 (d) Decode throughput when nothing is reused: 8 distinct prompts x 48 tokens on a
     small pool (every block is evicted and written behind) with tier 2 + shared on vs
     off, same run, alternating order, medians of 4 each.
@@ -35,6 +38,8 @@ import json
 import os
 import random
 import statistics
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -46,7 +51,6 @@ from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine, load_model
 from engine.kv.hashing import TenantSalt
 from engine.kv.tier.config import TierConfig
-from engine.serving.tier_metrics import tier_metrics_text
 
 TRACE = Path(__file__).resolve().parents[2] / "shared/data/mooncake_conversation_trace.jsonl"
 SALT = TenantSalt(b"bench-tenant-0001")
@@ -140,51 +144,25 @@ def trace_window(path: Path, n_requests: int, max_ids: int = 6) -> list[list[int
     return [ids[:max_ids] for _, ids in chosen]
 
 
-async def part_b(
-    lm: LoadedModel, args: argparse.Namespace, url: str, prefix: str
-) -> tuple[dict[str, Any], str]:
+def part_b(args: argparse.Namespace, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(b) over real worker processes and (c) their tier metrics
+    (:mod:`bench.kv_tier_workers`)."""
+    from bench.kv_tier_workers import run_trace
+
     windows = trace_window(args.trace, args.requests)
     prompts = [[t for k in ids for t in _tokens(10_000 + k, args.tokens_per_id)] + [7]
                for ids in windows]  # fmt: skip
-    out: dict[str, Any] = {"requests": len(prompts), "pool_blocks": args.pool_blocks,
-                           "tokens_per_id": args.tokens_per_id}  # fmt: skip
-    configs = {
-        "tier_off": None,
-        "tier2": _tier(args.tier_mb, False, url, prefix),
-        "tier2_shared": _tier(args.tier_mb, True, url, f"{prefix}:b"),
-    }
-    # every configuration's pair of workers lives for the whole run and each request
-    # goes to all three in turn: the machine's load varies the same for each
-    fleets = {name: [_engine(lm, args.pool_blocks, tier, 1024) for _ in range(2)]
-              for name, tier in configs.items()}  # fmt: skip
-    for workers in fleets.values():
-        for i, w in enumerate(workers):
-            await _ttft(w, _tokens(800 + i, 40))
-    ttfts: dict[str, list[float]] = {name: [] for name in configs}
-    cached = dict.fromkeys(configs, 0)
-    total = sum(len(p) for p in prompts)
-    for i, prompt in enumerate(prompts):
-        for name, workers in fleets.items():
-            t, c = await _ttft(workers[i % 2], prompt, max_tokens=4)
-            _drain(*workers)
-            ttfts[name].append(t)
-            cached[name] += c
-    for name in configs:
-        out[name] = {"prefix_hit_ratio": round(cached[name] / total, 4),
-                     "mean_ttft_s": round(statistics.mean(ttfts[name]), 4)}  # fmt: skip
-    metrics = "".join(
-        f"# worker {i}\n{tier_metrics_text(w.engine.tier)}"  # type: ignore[arg-type]
-        for i, w in enumerate(fleets["tier2_shared"])
-    )
-    for workers in fleets.values():
-        for w in workers:
-            w.shutdown()
-    off = out["tier_off"]
-    for name in ("tier2", "tier2_shared"):
-        out[name]["hit_ratio_vs_off"] = round(
-            out[name]["prefix_hit_ratio"] / max(off["prefix_hit_ratio"], 1e-9), 3
-        )
-        out[name]["mean_ttft_vs_off"] = round(out[name]["mean_ttft_s"] / off["mean_ttft_s"], 3)
+    salt = os.urandom(16).hex()  # a tenant no earlier run stored blocks for
+    with tempfile.TemporaryDirectory(prefix="kvtoll-bench-") as logdir:
+        try:
+            out, metrics = run_trace(prompts, args.pool_blocks, args.tier_mb, url, salt, logdir)
+        except RuntimeError:
+            for log in sorted(Path(logdir).glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text()[-2000:]}", file=sys.stderr)
+            raise
+        finally:
+            _cleanup(url, f"kvtoll:kvtier:*:{salt}:")
+    out["tokens_per_id"] = args.tokens_per_id
     return out, metrics
 
 
@@ -243,15 +221,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if not url:
         raise SystemExit("error: --redis-url or KVTOLL_REDIS_URL is required")
     prefix = f"kvtoll-bench:{uuid.uuid4().hex[:8]}"
-    lm = load_model(EngineConfig())
-    result: dict[str, Any] = {"model": lm.name, "dtype": EngineConfig().dtype}
+    lm = load_model(EngineConfig()) if set(args.parts) & {"a", "d"} else None
+    result: dict[str, Any] = {"model": lm.name if lm else "bundled", "dtype": EngineConfig().dtype}
     try:
-        if "a" in args.parts:
+        if "a" in args.parts and lm is not None:
             result["a_shared_ttft"] = await part_a(lm, args.prompt_tokens, url, f"{prefix}:a")
         if "b" in args.parts:
-            result["b_trace"], metrics = await part_b(lm, args, url, prefix)
-            result["c_metrics"] = metrics.splitlines()
-        if "d" in args.parts:
+            result["b_trace"], result["c_metrics"] = part_b(args, url)
+        if "d" in args.parts and lm is not None:
             result["d_decode_no_reuse"] = await part_d(lm, url, prefix)
     finally:
         _cleanup(url, prefix)

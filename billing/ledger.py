@@ -56,6 +56,9 @@ class LedgerEntry:
     latency_ms: float | None = None
     ttft_ms: float | None = None
     cut: bool = False  # a stream cut short (proxy.progress): billed what it had delivered
+    # Of cached_tokens, those a KV tier loaded (host tier / shared store); None: unknown.
+    tier_host_cached_tokens: int | None = None
+    tier_shared_cached_tokens: int | None = None
 
     @property
     def usage(self) -> Usage:
@@ -76,6 +79,10 @@ def validate_entry(entry: LedgerEntry) -> None:
     if entry.created_at.tzinfo is None or entry.created_at.utcoffset() is None:
         raise ValueError("created_at must be an aware datetime")
     validate_usage(entry.usage)
+    tiers = [n for n in (entry.tier_host_cached_tokens, entry.tier_shared_cached_tokens)
+             if n is not None]
+    if any(n < 0 for n in tiers) or sum(tiers) > entry.cached_tokens:
+        raise ValueError("tier cached tokens must be non-negative and within cached_tokens")
 
 
 def _row_values(session: Session, entry: LedgerEntry) -> dict[str, Any]:
@@ -103,6 +110,8 @@ def _rated_row(entry: LedgerEntry, price: Price | _PriceRow | None) -> dict[str,
         "latency_ms": entry.latency_ms,
         "ttft_ms": entry.ttft_ms,
         "cut": bool(entry.cut),
+        "tier_host_cached_tokens": entry.tier_host_cached_tokens,
+        "tier_shared_cached_tokens": entry.tier_shared_cached_tokens,
         "price_id": None if price is None else price.id,
         "billed_pico": charge.billed_pico,
         "list_pico": charge.list_pico,

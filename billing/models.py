@@ -213,6 +213,10 @@ class UsageRecord(Base):
     # the stream was cut (gateway crash, worker failure mid-stream): billed what it had
     # delivered by then (proxy.progress)
     cut: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Of cached_tokens, those a worker's KV tier loaded: its host tier / the shared
+    # store (NULL: no tier, or not reported).
+    tier_host_cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tier_shared_cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     price_id: Mapped[int | None] = mapped_column(ForeignKey("prices.id"), nullable=True)
     billed_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)
@@ -244,6 +248,8 @@ class UsageHourly(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
     billed_pico: Mapped[int] = mapped_column(BigInteger)
     list_pico: Mapped[int] = mapped_column(BigInteger)
+    tier_host_cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    tier_shared_cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class Invoice(Base):

@@ -18,7 +18,10 @@ PostgreSQL: compiling costs more than these short aggregates save.
 Token layers (a partition of every token the tenant sent or received):
 
     semantic     prompt + completion tokens of requests answered by the semantic cache
-    cached       cached prompt tokens of engine requests (prefix cache hits)
+    cached       cached prompt tokens of engine requests (prefix cache hits); of them
+                 ``tier_host_cached_tokens`` / ``tier_shared_cached_tokens`` were
+                 loaded from a worker's host KV tier / the shared KV tier (the rest
+                 were resident in the engine's pool)
     uncached     prompt - cached tokens of engine requests
     output       completion tokens of engine requests
 
@@ -102,6 +105,8 @@ class UsageTotals:
     semantic_completion_tokens: int = 0
     billed_pico: int = 0
     list_pico: int = 0
+    tier_host_cached_tokens: int = 0
+    tier_shared_cached_tokens: int = 0
 
     def __add__(self, other: UsageTotals) -> UsageTotals:
         return UsageTotals(
@@ -178,6 +183,8 @@ def _aggregates(source: Subquery) -> list[ColumnElement[Any]]:
         semantic_sum(c.completion_tokens),
         func.sum(c.billed_pico),
         func.sum(c.list_pico),
+        func.sum(c.tier_host_cached_tokens),
+        func.sum(c.tier_shared_cached_tokens),
     ]
 
 
@@ -211,7 +218,8 @@ def _rollup_part(query: UsageQuery, start: datetime, end: datetime) -> Select[An
     columns: list[Any] = [
         h.tenant_id, h.model, func.nullif(h.api_key_id, NO_API_KEY).label("api_key_id"),
         h.served_by, h.hour.label("at"), h.num_requests, h.prompt_tokens, h.cached_tokens,
-        h.completion_tokens, h.billed_pico, h.list_pico,
+        h.completion_tokens, h.billed_pico, h.list_pico, h.tier_host_cached_tokens,
+        h.tier_shared_cached_tokens,
     ]
     stmt = select(*columns).where(h.hour >= start, h.hour < end)
     return stmt if query.tenant_id is None else stmt.where(h.tenant_id == query.tenant_id)
@@ -224,6 +232,8 @@ def _ledger_part(query: UsageQuery, start: datetime, end: datetime) -> Select[An
         r.tenant_id, r.model, r.api_key_id, r.served_by, r.created_at.label("at"),
         literal(1).label("num_requests"), r.prompt_tokens, r.cached_tokens,
         r.completion_tokens, r.billed_pico, r.list_pico,
+        func.coalesce(r.tier_host_cached_tokens, 0).label("tier_host_cached_tokens"),
+        func.coalesce(r.tier_shared_cached_tokens, 0).label("tier_shared_cached_tokens"),
     ]
     stmt = select(*columns).where(r.created_at >= start, r.created_at < end)
     return stmt if query.tenant_id is None else stmt.where(r.tenant_id == query.tenant_id)

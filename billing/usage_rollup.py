@@ -35,7 +35,10 @@ from sqlalchemy.orm import Session
 from billing.models import NO_API_KEY, ServedBy, UsageHourly
 
 KEY_COLUMNS = ("tenant_id", "hour", "model", "api_key_id", "served_by")
-SUMMED_COLUMNS = ("prompt_tokens", "cached_tokens", "completion_tokens", "billed_pico", "list_pico")
+SUMMED_COLUMNS = (
+    "prompt_tokens", "cached_tokens", "completion_tokens", "billed_pico", "list_pico",
+    "tier_host_cached_tokens", "tier_shared_cached_tokens",  # NULL in the ledger counts 0
+)
 COUNT_COLUMNS = ("num_requests", *SUMMED_COLUMNS)
 
 # The UTC hour of ``created_at`` in the storage format of each backend: PostgreSQL
@@ -54,7 +57,7 @@ def backfill_sql(dialect: str) -> str:
         f"INSERT INTO usage_hourly ({', '.join(KEY_COLUMNS + COUNT_COLUMNS)})"
         f" SELECT tenant_id, {HOUR_SQL[dialect]}, model, COALESCE(api_key_id, '{NO_API_KEY}'),"
         " served_by, COUNT(*), "
-        + ", ".join(f"SUM({c})" for c in SUMMED_COLUMNS)
+        + ", ".join(f"COALESCE(SUM({c}), 0)" for c in SUMMED_COLUMNS)
         + " FROM usage_ledger GROUP BY 1, 2, 3, 4, 5"
     )
 
@@ -97,7 +100,7 @@ class RollupDeltas:
         sums = self._sums.setdefault(rollup_key(row), [0] * len(COUNT_COLUMNS))
         sums[0] += 1
         for i, name in enumerate(SUMMED_COLUMNS, start=1):
-            sums[i] += int(row[name])
+            sums[i] += int(row.get(name) or 0)
 
     def apply(self, session: Session, upsert: Insert | None = None) -> None:
         """Add every increment to its rollup row, in key order (one executemany of
@@ -138,7 +141,7 @@ def _add_generic(session: Session, values: dict[str, Any]) -> None:
     """Other dialects: update, else insert (a racing first insert raises: replay it)."""
     table = _table()
     where = [table.c[name] == values[name] for name in KEY_COLUMNS]
-    increments = {name: table.c[name] + values[name] for name in COUNT_COLUMNS}
+    increments = {name: table.c[name] + values.get(name, 0) for name in COUNT_COLUMNS}
     result = session.execute(update(table).where(*where).values(increments))
     if cast(CursorResult[Any], result).rowcount:
         return

@@ -87,4 +87,5 @@ class OutputProcessor:
             cached_tokens=seq.num_cached_tokens or 0,
             completion_tokens=seq.num_output_tokens,
             logprobs=new_logprobs,
+            tier_cached_tokens=seq.tier_cached_tokens,
         )

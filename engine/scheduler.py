@@ -44,6 +44,7 @@ from engine.fanout import FanOut
 from engine.kv.free_queue import KVBlock
 from engine.kv.kv_manager import KVCacheManager
 from engine.sequence import SeqStatus, Sequence
+from kvtoll.openai.responses import TierCachedTokens
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,14 @@ class Scheduler:
             if not self.kv.allocate_slots(seq, n, prefix, use_reserved=not self.running):
                 return
             self.waiting.popleft()
+            loaded = self.kv.take_tier_loaded(seq)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = len(prefix) * self.kv.block_size
+                if loaded is not None:
+                    bs = self.kv.block_size
+                    seq.tier_cached_tokens = TierCachedTokens(
+                        loaded.host_blocks * bs, loaded.shared_blocks * bs
+                    ).clamped(seq.num_cached_tokens)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             scheduled.append(self._scheduled(seq, start, n))

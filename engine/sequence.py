@@ -18,6 +18,7 @@ import torch
 from engine.api import FinishReason, SamplingParams, TokenLogprob
 from engine.detokenize import DetokWindow
 from engine.kv.hashing import BlockHash, TenantSalt
+from kvtoll.openai.responses import TierCachedTokens
 
 
 class SeqStatus(enum.Enum):
@@ -52,6 +53,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None  # None until the first admission looked it up
+    tier_cached_tokens: TierCachedTokens | None = None  # ... their part tier 2 loaded
     block_hashes: list[BlockHash] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)

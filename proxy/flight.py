@@ -70,6 +70,7 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
         latency_ms=round((now - prep.started) * 1000, 3),
         ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
         cut=cut,
+        **_tier_fields(flight, cached),
     )
 
 
@@ -87,3 +88,14 @@ def journal_progress(progress: ProgressJournal, flight: Flight) -> None:
     progress.note(entry.request_id, entry_to_json(entry))
     flight.journaled_tokens = tokens
     flight.journaled_at = progress.now()
+
+
+def _tier_fields(flight: Flight, cached: int) -> dict[str, int | None]:
+    """The ledger's tier layers: of the billed ``cached`` tokens, those the worker's
+    KV tier loaded, as its usage said (None when it has no tier or no usage came)."""
+    usage = flight.tally.usage
+    tier = None if flight.hit is not None or usage is None else usage.tier_cached_tokens
+    if tier is None:
+        return {"tier_host_cached_tokens": None, "tier_shared_cached_tokens": None}
+    tier = tier.clamped(cached)
+    return {"tier_host_cached_tokens": tier.host, "tier_shared_cached_tokens": tier.shared}

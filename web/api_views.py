@@ -76,6 +76,11 @@ def usage_result(row: UsageRow, group_by: Sequence[GroupBy], names: Mapping[int,
         "num_model_requests": t.num_requests,
         "semantic_hit_requests": t.semantic_requests,
         "semantic_hit_tokens": t.semantic_tokens,
+        # kvtoll: of input_cached_tokens, those loaded from a worker's KV tier
+        "input_cached_tokens_details": {
+            "kvtoll_tier_host": t.tier_host_cached_tokens,
+            "kvtoll_tier_shared": t.tier_shared_cached_tokens,
+        },
         "user_id": None,
         "batch": None,
         **_group_fields(row, group_by, names),

@@ -50,6 +50,8 @@ def totals_view(t: UsageTotals) -> dict[str, Any]:
         "semantic_requests": t.semantic_requests,
         "semantic_tokens": t.semantic_tokens,
         "engine_cached_tokens": t.engine_cached_tokens,
+        "tier_host_cached_tokens": t.tier_host_cached_tokens,
+        "tier_shared_cached_tokens": t.tier_shared_cached_tokens,
         "engine_uncached_tokens": t.engine_uncached_tokens,
         "engine_output_tokens": t.engine_output_tokens,
         "billed": exact_usd(t.billed_pico),

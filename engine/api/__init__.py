@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.kv.hashing import BlockHash, TenantSalt
+from kvtoll.openai.responses import TierCachedTokens
 
 # The random-initialised test model's name (``EngineConfig.tiny()``; byte tokenizer).
 TINY_MODEL = "kvtoll-tiny"
@@ -78,6 +79,9 @@ class GenerationChunk:
     cached_tokens: int  # prompt tokens served from the prefix cache
     completion_tokens: int  # tokens generated so far for this choice
     logprobs: tuple[TokenLogprob, ...] = ()
+    # Of ``cached_tokens``, those tier 2 loaded back (host tier / shared store); None
+    # when the engine has no tier.
+    tier_cached_tokens: TierCachedTokens | None = None
 
 
 @dataclass(frozen=True)

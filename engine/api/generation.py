@@ -3,8 +3,9 @@ chunks merged into OpenAI choices, then one usage total.
 
 Choice numbering: prompt ``p`` with ``n`` choices owns choice indexes
 ``p*n .. p*n+n-1`` (as OpenAI numbers batched completions). Usage: the prompt is
-counted once per prompt, ``cached_tokens`` as the engine reported it for choice 0
-of that prompt, completion tokens summed over all choices.
+counted once per prompt, ``cached_tokens`` (and the part of it tier 2 loaded,
+``tier_cached_tokens``) as the engine reported it for choice 0 of that prompt,
+completion tokens summed over all choices.
 
 Cancellation: closing the returned iterator (client gone) closes every engine
 stream and calls ``engine.abort`` for each unfinished request, shielded from the
@@ -21,7 +22,7 @@ import anyio
 
 from engine.api import AsyncEngineClient, GenerationChunk, GenerationRequest, Tokenizer
 from engine.api.convert import PreparedRequest
-from kvtoll.openai.responses import ChoiceResult, LogprobEntry
+from kvtoll.openai.responses import ChoiceResult, LogprobEntry, TierCachedTokens
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,14 @@ class UsageTotals:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    tier_cached_tokens: TierCachedTokens | None = None  # None: the engine has no tier
 
 
 @dataclass
 class _UsageTracker:
     prompt_tokens: dict[int, int] = field(default_factory=dict)
     cached_tokens: dict[int, tuple[int, int]] = field(default_factory=dict)  # -> (choice, n)
+    tier: dict[int, TierCachedTokens | None] = field(default_factory=dict)  # as cached_tokens
     completion_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def add(self, prompt_index: int, chunk: GenerationChunk) -> None:
@@ -56,13 +59,16 @@ class _UsageTracker:
         seen = self.cached_tokens.get(prompt_index)
         if seen is None or chunk.index <= seen[0]:
             self.cached_tokens[prompt_index] = (chunk.index, chunk.cached_tokens)
+            self.tier[prompt_index] = chunk.tier_cached_tokens
         self.completion_tokens[(prompt_index, chunk.index)] = chunk.completion_tokens
 
     def totals(self) -> UsageTotals:
+        tiers = [t for t in self.tier.values() if t is not None]
         return UsageTotals(
             prompt_tokens=sum(self.prompt_tokens.values()),
             completion_tokens=sum(self.completion_tokens.values()),
             cached_tokens=sum(cached for _, cached in self.cached_tokens.values()),
+            tier_cached_tokens=sum(tiers, TierCachedTokens()) if tiers else None,
         )
 
 

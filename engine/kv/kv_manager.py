@@ -18,6 +18,7 @@ progress (``num_computed_tokens``) and never writes it: the scheduler does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from engine.api import KVEventKind
@@ -40,12 +41,29 @@ class CacheableSeq(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Promoted:
+    """Blocks a tier loaded into the pool (cached, free, in prefix order) and how many
+    of them the shared store had supplied (the others came from the host tier)."""
+
+    blocks: list[KVBlock]
+    num_shared: int = 0
+
+
+@dataclass(frozen=True)
+class TierLoaded:
+    """Blocks of one sequence's prefix loaded from tier 2, by the tier that held them."""
+
+    host_blocks: int = 0
+    shared_blocks: int = 0
+
+
 class PrefixTier(Protocol):
     """Tier 2 as the manager sees it (:class:`engine.kv.tier.tier.KVTier`)."""
 
     def promote(
         self, pool: BlockPool, seq: CacheableSeq, resident: Sequence[KVBlock]
-    ) -> list[KVBlock]:
+    ) -> Promoted:
         """Blocks loaded from the tier that extend ``resident`` (cached, free)."""
         ...
 
@@ -64,6 +82,7 @@ class KVCacheManager:
         self._tables: dict[int, list[KVBlock]] = {}
         self._ids: dict[int, tuple[BlockId, ...]] = {}  # _tables as ids, built on change
         self._num_hashed: dict[int, int] = {}
+        self._tier_loaded: dict[int, TierLoaded] = {}  # seq id -> loaded before admission
 
     def block_ids(self, seq_id: int) -> tuple[BlockId, ...]:
         """The sequence's block table as ids (empty if it holds none); kept from one
@@ -100,8 +119,22 @@ class KVCacheManager:
                 break
             hits.append(block)
         if self.tier is not None:
-            hits += self.tier.promote(self.pool, seq, hits)
+            promoted = self.tier.promote(self.pool, seq, hits)
+            if promoted.blocks:
+                seen = self._tier_loaded.get(seq.seq_id, TierLoaded())
+                self._tier_loaded[seq.seq_id] = TierLoaded(
+                    seen.host_blocks + len(promoted.blocks) - promoted.num_shared,
+                    seen.shared_blocks + promoted.num_shared,
+                )
+            hits += promoted.blocks
         return hits
+
+    def take_tier_loaded(self, seq: CacheableSeq) -> TierLoaded | None:
+        """What :meth:`find_prefix` loaded from tier 2 for ``seq`` since the last call
+        (forgotten here); None without a tier."""
+        if self.tier is None:
+            return None
+        return self._tier_loaded.pop(seq.seq_id, TierLoaded())
 
     def can_allocate(
         self,
@@ -178,6 +211,7 @@ class KVCacheManager:
         table = self._tables.pop(seq.seq_id, [])
         self._ids.pop(seq.seq_id, None)
         self._num_hashed.pop(seq.seq_id, None)
+        self._tier_loaded.pop(seq.seq_id, None)
         self.pool.free(list(reversed(table)))
 
     def _count_lookup(self, seq: CacheableSeq, num_hit_blocks: int) -> None:

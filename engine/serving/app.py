@@ -1,7 +1,8 @@
 """The engine worker's HTTP server (``kvtoll worker``): OpenAI chat and completions
-(streamed or whole, usage with ``prompt_tokens_details.cached_tokens``) plus what
-the proxy's prefix router reads: ``GET /kv/events`` and ``GET /load`` (with each
-tenant's share of the prefix cache), and ``GET /metrics`` (:mod:`engine.serving.metrics`).
+(streamed or whole, usage with ``prompt_tokens_details.cached_tokens`` and, with a KV
+tier, ``prompt_tokens_details.kvtoll_tier_cached_tokens``) plus what the proxy's prefix
+router reads: ``GET /kv/events`` and ``GET /load`` (with each tenant's share of the
+prefix cache), and ``GET /metrics`` (:mod:`engine.serving.metrics`).
 
 Workers are internal services: only the kvtoll proxy should reach them, and with a
 worker token configured (``WorkerConfig.tokens``) every request without it is
@@ -106,7 +107,10 @@ async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
 
 
 def _usage(totals: UsageTotals) -> dict[str, Any]:
-    return usage_dict(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens)
+    return usage_dict(
+        totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens,
+        totals.tier_cached_tokens,
+    )
 
 
 def _delta_chunk(kind: Kind, meta: ResponseMeta, item: ChoiceDelta, first: bool) -> dict[str, Any]:

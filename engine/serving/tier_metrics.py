@@ -6,7 +6,8 @@ worker wrote), ``_hits_total``, ``_misses_total``, ``_stores_total``,
 (shared store faults), ``kvtoll_kv_tier_loads_total`` (blocks loaded into the pool),
 ``kvtoll_kv_tier_load_seconds_total``, ``kvtoll_kv_tier_prefetched_total`` (blocks
 copied from the shared store), ``kvtoll_kv_tier_load_fraction`` (measured load cost
-over recompute cost; -1 until measured).
+over recompute cost; -1 until measured), ``kvtoll_kv_tier_write_queue_blocks`` (blocks
+waiting for the write-behind thread).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def tier_metrics_text(tier: KVTier) -> str:
         f"kvtoll_kv_tier_prefetched_total {tier.num_prefetched_blocks}",
         f"kvtoll_kv_tier_skipped_loads_total {tier.num_skipped_loads}",
         f"kvtoll_kv_tier_write_dropped_total {tier.writer.num_dropped}",
+        f"kvtoll_kv_tier_write_queue_blocks {tier.writer.num_queued}",
         f"kvtoll_kv_tier_load_fraction {-1 if fraction is None else round(fraction, 6)}",
     ]
     return "\n".join(lines) + "\n"

@@ -49,13 +49,56 @@ class ResponseMeta:
         return ResponseMeta(f"{prefix}-{uuid.uuid4().hex}", model, int(time.time()))
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """OpenAI's usage object; ``cached_tokens`` is a subset of ``prompt_tokens``."""
+@dataclass(frozen=True)
+class TierCachedTokens:
+    """Of a prompt's cached tokens, those a KV tier loaded back (kvtoll's extension
+    ``prompt_tokens_details.kvtoll_tier_cached_tokens``): ``host`` from the worker's
+    own host tier, ``shared`` from the shared store (another worker computed them)."""
+
+    host: int = 0
+    shared: int = 0
+
+    def __add__(self, other: TierCachedTokens) -> TierCachedTokens:
+        return TierCachedTokens(self.host + other.host, self.shared + other.shared)
+
+    def clamped(self, cached_tokens: int) -> TierCachedTokens:
+        """Within ``cached_tokens`` (host first), never negative."""
+        host = min(max(0, self.host), max(0, cached_tokens))
+        return TierCachedTokens(host, min(max(0, self.shared), max(0, cached_tokens) - host))
+
+    def as_json(self) -> dict[str, int]:
+        return {"host": self.host, "shared": self.shared}
+
+    @staticmethod
+    def from_json(raw: object) -> TierCachedTokens | None:
+        """The extension as an upstream sent it; None when absent or malformed."""
+        if not isinstance(raw, dict):
+            return None
+        host, shared = raw.get("host", 0), raw.get("shared", 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (host, shared)):
+            return None
+        return TierCachedTokens(max(0, host), max(0, shared))
+
+
+TIER_DETAILS_FIELD = "kvtoll_tier_cached_tokens"
+
+
+def usage_dict(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    tier: TierCachedTokens | None = None,
+) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens`` is a subset of ``prompt_tokens``, and
+    ``tier`` (when the worker has a KV tier) the part of it a tier loaded."""
+    details: dict[str, Any] = {"cached_tokens": cached_tokens}
+    if tier is not None:
+        details[TIER_DETAILS_FIELD] = tier.clamped(cached_tokens).as_json()
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 

@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def usage_of(usage: UpstreamUsage) -> dict[str, Any]:
-    """OpenAI usage with ``prompt_tokens_details.cached_tokens``."""
+    """OpenAI usage with ``prompt_tokens_details.cached_tokens`` (and kvtoll's
+    ``kvtoll_tier_cached_tokens`` when the worker has a KV tier)."""
     cached = min(usage.cached_tokens, usage.prompt_tokens)
-    return usage_dict(usage.prompt_tokens, usage.completion_tokens, cached)
+    return usage_dict(usage.prompt_tokens, usage.completion_tokens, cached,
+                      usage.tier_cached_tokens)
 
 
 def whole_response(kind: Kind, meta: ResponseMeta, tally: Tally) -> dict[str, Any]:

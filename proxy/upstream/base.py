@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from engine.api import KVShare
 from engine.kv.hashing import TenantSalt
 from kvtoll.openai.protocol import OpenAIRequest
+from kvtoll.openai.responses import TierCachedTokens
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class UpstreamUsage:
     completion_tokens: int
     cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Of ``cached_tokens``, those a kvtoll worker's KV tier loaded (host / shared);
+    # None: the upstream has no tier or did not say.
+    tier_cached_tokens: TierCachedTokens | None = None
 
 
 class UpstreamError(RuntimeError):

@@ -38,6 +38,7 @@ from typing import Any
 
 from engine.api import KVShare
 from kvtoll.openai.protocol import SALT_FIELDS
+from kvtoll.openai.responses import TIER_DETAILS_FIELD, TierCachedTokens
 from kvtoll.openai.sse import (
     CACHED_TOKENS_HEADER,
     DONE_SENTINEL,
@@ -348,7 +349,11 @@ def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:
     prompt = max(0, int(usage.get("prompt_tokens") or 0))
     completion = max(0, int(usage.get("completion_tokens") or 0))
     # Clamped so a misreporting upstream cannot produce a ledger entry that must be refused.
-    return UpstreamUsage(prompt, completion, min(prompt, max(0, int(cached or 0))), extra)
+    cached_n = min(prompt, max(0, int(cached or 0)))
+    tier = TierCachedTokens.from_json(details.get(TIER_DETAILS_FIELD)) if isinstance(
+        details, dict) else None
+    return UpstreamUsage(prompt, completion, cached_n, extra,
+                         None if tier is None else tier.clamped(cached_n))
 
 
 def _approx_prompt_tokens(body: dict[str, Any]) -> int:

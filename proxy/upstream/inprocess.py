@@ -76,7 +76,8 @@ class InProcessUpstream:
             async for item in items:
                 if isinstance(item, UsageTotals):
                     yield UpstreamUsage(
-                        item.prompt_tokens, item.completion_tokens, item.cached_tokens
+                        item.prompt_tokens, item.completion_tokens, item.cached_tokens,
+                        tier_cached_tokens=item.tier_cached_tokens,
                     )
                     continue
                 delta = _delta(request.kind, item, offsets)

@@ -17,6 +17,7 @@ from billing import accounts, pricing
 from billing.ledger import LedgerEntry, LedgerWriter, get_usage, write_usage, write_usage_many
 from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
 from billing.rating import Usage, rate
+from billing.usage import UsageQuery, aggregate_usage, total_usage
 
 Factory = sessionmaker[Session]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -135,9 +136,35 @@ def test_bad_entries_raise_and_write_nothing(factory: Factory) -> None:
         write_usage(factory, _entry(tenant_id, key_id, created_at=datetime(2026, 1, 2)))
     with pytest.raises(ValueError):
         write_usage_many(factory, [good, _entry(tenant_id, key_id, completion_tokens=-1)])
+    with pytest.raises(ValueError, match="tier"):
+        write_usage(factory, _entry(tenant_id, key_id, tier_host_cached_tokens=30,
+                                    tier_shared_cached_tokens=11))  # 41 > 40 cached
+    with pytest.raises(ValueError, match="tier"):
+        write_usage(factory, _entry(tenant_id, key_id, tier_shared_cached_tokens=-1))
     with pytest.raises(IntegrityError):  # unknown tenant: the database refuses, we never drop
         write_usage(factory, _entry(TenantId(999_999), None))
     assert _rows(factory) == 0
+
+
+def test_tier_layers_are_recorded_and_summed(factory: Factory) -> None:
+    tenant_id, key_id = _setup(factory)
+    tiered = _entry(tenant_id, key_id, tier_host_cached_tokens=16, tier_shared_cached_tokens=24)
+    hour_later = replace(tiered, request_id=str(uuid.uuid4()),
+                         created_at=tiered.created_at + timedelta(hours=1))
+    untiered = _entry(tenant_id, key_id)  # no tier: NULL, counts 0 in the sums
+    write_usage_many(factory, [tiered, hour_later, untiered])
+    with factory() as session:
+        row = get_usage(session, tiered.request_id)
+        plain = get_usage(session, untiered.request_id)
+        assert row is not None and plain is not None
+        assert (row.tier_host_cached_tokens, row.tier_shared_cached_tokens) == (16, 24)
+        assert (plain.tier_host_cached_tokens, plain.tier_shared_cached_tokens) == (None, None)
+        query = UsageQuery(start=T0, end=T0 + timedelta(days=3), tenant_id=tenant_id)
+        from_rollup = total_usage(session, query)
+        (from_ledger,) = aggregate_usage(session, query, from_ledger=True)
+        for totals in (from_rollup, from_ledger.totals):
+            assert (totals.tier_host_cached_tokens, totals.tier_shared_cached_tokens) == (32, 48)
+            assert totals.cached_tokens == 120
 
 
 @settings(

@@ -12,6 +12,9 @@ Policy (per-tenant quotas, eviction confined to the tenant that overflows):
   ``<spill_dir>/<salt hex>/<hash hex>`` under the same rules with ``spill_bytes``
   (tenant cap: the same fraction of it as in memory); a disk hit is read back, never
   trusted: the caller decodes it with its checksum.
+* Each block remembers where it came from (:meth:`HostTier.from_shared`): this
+  worker's own eviction, or a prefetch from the shared store, so the usage and the
+  ledger can say which tier served a prompt's cached tokens.
 
 Thread-safe (one lock): the offloader thread writes, the step thread and the
 prefetching threads read.
@@ -101,6 +104,7 @@ class HostTier:
         cap = tenant_cap_bytes or capacity_bytes
         self._mem = _Lru(capacity_bytes, min(cap, capacity_bytes))
         self._data: dict[tuple[Tenant, BlockHash], bytes] = {}
+        self._shared_origin: set[tuple[Tenant, BlockHash]] = set()  # put by a prefetch
         self._disk: _Lru | None = None
         self._spill_dir = spill_dir
         if spill_dir is not None and spill_bytes > 0:
@@ -128,8 +132,14 @@ class HostTier:
             on_disk = self._disk is not None and self._disk.has(tenant, h)
             return on_disk or self._mem.has(tenant, h)
 
-    def put(self, tenant: Tenant, h: BlockHash, data: bytes) -> bool:
-        """Keep ``data`` for (tenant, hash); False if the tenant's quota cannot hold it."""
+    def from_shared(self, tenant: Tenant, h: BlockHash) -> bool:
+        """Whether (tenant, hash) was put here by a prefetch from the shared store."""
+        with self._lock:
+            return (tenant, h) in self._shared_origin
+
+    def put(self, tenant: Tenant, h: BlockHash, data: bytes, *, shared: bool = False) -> bool:
+        """Keep ``data`` for (tenant, hash); False if the tenant's quota cannot hold it.
+        ``shared``: it came from the shared store (see :meth:`from_shared`)."""
         with self._lock:
             if self._mem.has(tenant, h):
                 self._mem.by_tenant[tenant].move_to_end(h)
@@ -142,8 +152,14 @@ class HostTier:
                 self._mem.remove(tenant, v)
                 self.stats.evictions += 1
                 self._spill(tenant, v, self._data.pop((tenant, v)))
+                if self._disk is None or not self._disk.has(tenant, v):
+                    self._shared_origin.discard((tenant, v))
             self._mem.add(tenant, h, len(data))
             self._data[(tenant, h)] = data
+            if shared:
+                self._shared_origin.add((tenant, h))
+            else:
+                self._shared_origin.discard((tenant, h))
             self.stats.stores += 1
             return True
 
@@ -176,6 +192,7 @@ class HostTier:
         """Forget a block (it failed its checksum)."""
         with self._lock:
             self.stats.corrupt += 1
+            self._shared_origin.discard((tenant, h))
             if self._mem.has(tenant, h):
                 self._mem.remove(tenant, h)
                 self._data.pop((tenant, h), None)
@@ -195,6 +212,8 @@ class HostTier:
         for v in victims:
             disk.remove(tenant, v)
             self.disk_stats.evictions += 1
+            if not self._mem.has(tenant, v):
+                self._shared_origin.discard((tenant, v))
             with contextlib.suppress(OSError):
                 self._path(tenant, v).unlink()
         path = self._path(tenant, h)

@@ -31,7 +31,7 @@ from engine.api import KVEventKind
 from engine.kv.block_pool import BlockPool
 from engine.kv.free_queue import KVBlock
 from engine.kv.hashing import BlockHash, hash_prompt_blocks
-from engine.kv.kv_manager import CacheableSeq
+from engine.kv.kv_manager import CacheableSeq, Promoted
 from engine.kv.tier.block_io import BlockIO
 from engine.kv.tier.codec import BlockKey, CorruptBlock, decode, verify
 from engine.kv.tier.config import TierConfig
@@ -113,9 +113,10 @@ class KVTier:
 
     def promote(
         self, pool: BlockPool, seq: CacheableSeq, resident: Sequence[KVBlock]
-    ) -> list[KVBlock]:
+    ) -> Promoted:
         """Load the host tier's blocks that extend ``resident``; the pool blocks now
-        holding them (cached, free), in prefix order."""
+        holding them (cached, free), in prefix order, and how many of them a prefetch
+        had brought from the shared store."""
         bs = self.block_size
         start, stop = len(resident), (len(seq.token_ids) - 1) // bs
         found: list[tuple[BlockHash, bytes]] = []
@@ -125,14 +126,16 @@ class KVTier:
                 break
             found.append((h, data))
         if not found:
-            return []
+            return Promoted([])
         spare = pool.num_free_blocks - sum(1 for b in resident if b.ref_cnt == 0)
         if spare < -(-len(seq.token_ids) // bs) - len(resident):
-            return []  # the sequence would not fit anyway: it waits, nothing is loaded
+            return Promoted([])  # the sequence would not fit anyway: it waits, nothing loaded
         if not self.cost.worth_loading(bs):
             self.num_skipped_loads += len(found)
-            return []
-        return self._load(pool, seq, resident, start, found)
+            return Promoted([])
+        shared = [self.host.from_shared(seq.salt, h) for h, _ in found]
+        blocks = self._load(pool, seq, resident, start, found)
+        return Promoted(blocks, sum(shared[: len(blocks)]))
 
     def _load(
         self,
@@ -197,7 +200,7 @@ class KVTier:
             except CorruptBlock:
                 self.host.stats.corrupt += 1
                 break
-            if not self.host.put(salt, h, data):
+            if not self.host.put(salt, h, data, shared=True):
                 break
             copied += 1
         self.num_prefetched_blocks += copied

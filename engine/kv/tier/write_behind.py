@@ -62,6 +62,12 @@ class WriteBehind:
         self._queue.put(job)
         return True
 
+    @property
+    def num_queued(self) -> int:
+        """Blocks submitted and not yet written."""
+        with self._lock:
+            return self._queued
+
     def drain(self) -> None:
         """Block until every queued job is written (tests, benchmarks)."""
         self._queue.join()

@@ -163,6 +163,8 @@ def test_a_worker_process_loads_the_prefix_another_worker_process_computed(
         assert cached >= 16 * 8
         assert resp.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
         assert _metric(b, "kvtoll_kv_tier_prefetched_total") * 16 == cached
+        details = resp.json()["usage"]["prompt_tokens_details"]
+        assert details["kvtoll_tier_cached_tokens"] == {"host": 0, "shared": cached}
         assert httpx.get(f"{b}/metrics").status_code == 401
     finally:
         for proc, _ in workers:

@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from engine.serving.app import build_worker_app
+from kvtoll.openai.responses import TierCachedTokens
 from kvtoll.server import serve_in_background
 from proxy.upstream.base import (
     UpstreamDelta,
@@ -221,6 +222,30 @@ async def test_an_upstream_without_cached_details_is_warned_about_once(
 async def test_kvtoll_workers_report_cached_details(worker: HttpUpstream) -> None:
     await _run(worker, _req(_chat(max_tokens=2)))
     assert worker.usage_problem() is None
+
+
+@pytest.mark.parametrize(
+    ("tier", "expected"),
+    [
+        ({"host": 16, "shared": 32}, TierCachedTokens(16, 32)),
+        ({"host": 64, "shared": 64}, TierCachedTokens(48, 0)),  # clamped to cached_tokens
+        ({"host": "16"}, None),  # malformed: ignored, the request is still billed
+        (None, None),
+    ],
+)
+async def test_reported_tier_cached_tokens(
+    third_party: HttpUpstream, script: Script, tier: object, expected: TierCachedTokens | None
+) -> None:
+    details: dict[str, object] = {"cached_tokens": 48}
+    if tier is not None:
+        details["kvtoll_tier_cached_tokens"] = tier
+    script.events = [
+        chat_event(0, "a", "stop"),
+        {"choices": [], "usage": {"prompt_tokens": 60, "completion_tokens": 1,
+                                  "prompt_tokens_details": details}},
+    ]
+    usage = (await _run(third_party, _req(_chat())))[1]
+    assert (usage.cached_tokens, usage.tier_cached_tokens) == (48, expected)
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,19 @@ def test_memory_evictions_spill_to_disk_and_read_back(tmp_path: Path) -> None:
     assert tier.get(a, _h(0)) == bytes([0]) * 10  # from disk
     tier.discard(a, _h(0))
     assert tier.get(a, _h(0)) is None and tier.num_disk_bytes == 20
+
+
+def test_a_block_remembers_it_came_from_the_shared_store(tmp_path: Path) -> None:
+    a = TENANTS[0]
+    tier = HostTier(20, spill_dir=tmp_path, spill_bytes=20)
+    assert tier.put(a, _h(1), b"x" * 10, shared=True) and tier.put(a, _h(2), b"y" * 10)
+    assert tier.from_shared(a, _h(1)) and not tier.from_shared(a, _h(2))
+    assert not tier.from_shared(TENANTS[1], _h(1))  # per tenant
+    tier.put(a, _h(3), b"z" * 10)  # _h(1) spills to disk, still from the shared store
+    assert tier.get(a, _h(1)) == b"x" * 10 and tier.from_shared(a, _h(1))
+    tier.discard(a, _h(1))
+    assert not tier.from_shared(a, _h(1))
+    tier.put(a, _h(4), b"w" * 10, shared=True)
+    for i in range(5, 9):  # pushes _h(4) out of memory and disk
+        tier.put(a, _h(i), b"v" * 10)
+    assert not tier.contains(a, _h(4)) and not tier.from_shared(a, _h(4))

@@ -18,12 +18,14 @@ from engine.factory import LoadedModel
 from engine.kv.tier.codec import BlockKey
 from engine.kv.tier.config import TierConfig
 from engine.llm_engine import LLMEngine
+from kvtoll.openai.responses import TierCachedTokens
 from tests.engine.kv.tier.test_tier_engine import (
     GREEDY,
     PROMPT_A,
     SALT_A,
     SALT_B,
     _engine,
+    _last,
     _run,
 )
 from tests.proxy.tcp_proxy import TcpProxy
@@ -55,8 +57,9 @@ def test_worker_b_loads_the_prefix_worker_a_computed(
     b = _engine(tiny_model, _shared(redis_url, redis_prefix), blocks=32)
     expected, _ = _run(a, "a", PROMPT_A, SALT_A)  # written through to Redis
     assert _prefetch(b, SALT_A, PROMPT_A) == 6
-    tokens, cached = _run(b, "b", PROMPT_A, SALT_A)
-    assert (tokens, cached) == (expected, 96)
+    tokens, last = _last(b, "b", PROMPT_A, SALT_A)
+    assert (tokens, last.cached_tokens) == (expected, 96)
+    assert last.tier_cached_tokens == TierCachedTokens(host=0, shared=96)  # all from Redis
 
 
 def test_no_tenant_loads_a_block_another_tenants_salt_made(

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api import GenerationRequest, SamplingParams
+from engine.api import GenerationChunk, GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine
 from engine.kv.hashing import TenantSalt
 from engine.kv.tier.codec import TierMode
 from engine.kv.tier.config import TierConfig
 from engine.llm_engine import LLMEngine
+from kvtoll.openai.responses import TierCachedTokens
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 PROMPT_A = [(7 * i + 3) % 250 + 1 for i in range(99)]  # 6 full blocks + 3 tokens
@@ -24,11 +25,18 @@ def _engine(loaded: LoadedModel, tier: TierConfig | None, blocks: int = 10) -> L
     return build_llm_engine(EngineConfig.tiny(num_kv_blocks=blocks, kv_tier=tier), loaded)
 
 
-def _run(engine: LLMEngine, rid: str, prompt: list[int], salt: TenantSalt | None = None):
+def _last(
+    engine: LLMEngine, rid: str, prompt: list[int], salt: TenantSalt | None = None
+) -> tuple[list[int], GenerationChunk]:
     out = engine.generate_sync([GenerationRequest(rid, tuple(prompt), GREEDY, salt)])[rid][0]
     if engine.tier is not None:
         engine.tier.writer.drain()
-    return [t for c in out for t in c.token_ids], out[-1].cached_tokens
+    return [t for c in out for t in c.token_ids], out[-1]
+
+
+def _run(engine: LLMEngine, rid: str, prompt: list[int], salt: TenantSalt | None = None):
+    tokens, last = _last(engine, rid, prompt, salt)
+    return tokens, last.cached_tokens
 
 
 @pytest.mark.parametrize("mode", [TierMode.RAW, TierMode.INT8])
@@ -49,6 +57,22 @@ def test_evicted_prefix_is_loaded_back_and_answers_match_recompute(
     assert tiered.tier.num_loaded_blocks > 0
     if mode is TierMode.RAW:
         assert tokens == expected  # the same K/V bytes: the same greedy answer
+
+
+def test_usage_says_which_tier_loaded_the_cached_tokens(tiny_model: LoadedModel) -> None:
+    plain = _engine(tiny_model, None)
+    assert _last(plain, "a", PROMPT_A, SALT_A)[1].tier_cached_tokens is None  # no tier
+    tiered = _engine(tiny_model, TierConfig(host_bytes=1 << 20))
+    tier = tiered.tier
+    assert tier is not None
+    assert _last(tiered, "a", PROMPT_A, SALT_A)[1].tier_cached_tokens == TierCachedTokens()
+    _run(tiered, "b", PROMPT_B, SALT_A)  # evicts A's blocks into the host tier
+    _, last = _last(tiered, "a2", PROMPT_A, SALT_A)
+    assert tier.num_loaded_blocks > 0
+    assert last.tier_cached_tokens == TierCachedTokens(host=tier.num_loaded_blocks * 16)
+    assert last.cached_tokens == 96  # the rest of the 96 were still resident
+    _, again = _last(tiered, "a3", PROMPT_A, SALT_A)  # now all resident: no tier load
+    assert (again.cached_tokens, again.tier_cached_tokens) == (96, TierCachedTokens())
 
 
 def test_another_tenant_never_loads_the_block(tiny_model: LoadedModel) -> None:
