@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -297,6 +298,11 @@ def test_redis_writers_cannot_add_a_worker(stack: Stack) -> None:
         evil.close()
 
 
+def _refusals(text: str) -> int:
+    """The worker's WARNING lines for refused callers (any log format)."""
+    return len(re.findall(r"WARNING (?:\S+ )?refused ", text))
+
+
 def _settled_count(factory: sessionmaker[Session]) -> int:
     """The ledger's row count once earlier tests' rows have drained (the outbox writes
     them about 0.2 s after each response): two equal readings 0.6 s apart."""
@@ -318,7 +324,7 @@ def test_workers_refuse_callers_without_the_token(stack: Stack, who: str) -> Non
     url = getattr(stack, who)
     verify: object = str(stack.ca) if url.startswith("https") else True
     log = stack.procs[who]
-    before_lines = log.text().count("WARNING refused")
+    before_lines = _refusals(log.text())
     billed = _settled_count(stack.g_db), _settled_count(stack.d_db)
     salt = derive_tenant_salt(b"a guessed or leaked secret", stack.g_tenants.tenant_a).hex()
     probe = {"model": MODEL, "max_tokens": 2, "cache_salt": salt,
@@ -337,7 +343,7 @@ def test_workers_refuse_callers_without_the_token(stack: Stack, who: str) -> Non
                 refused += 1
         for token in (CURRENT, PREVIOUS):
             assert http.get(url + "/load", headers=_bearer(token)).status_code == 200
-    wait_until(lambda: log.text().count("WARNING refused") == before_lines + refused,
+    wait_until(lambda: _refusals(log.text()) == before_lines + refused,
                "one warning per refused request", 30)
     assert CURRENT not in log.text() and STALE not in log.text()
     assert (ledger_count(stack.g_db), ledger_count(stack.d_db)) == billed
