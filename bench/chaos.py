@@ -58,6 +58,7 @@ ALL_FAULTS = ("db_refused", "db_blackholed", "redis_refused", "redis_blackholed"
 FAST_FAULTS = ("db_blackholed", "redis_refused", "worker_killed", "gateway_sigkill")
 WORKER_FAULTS = ("worker_killed", "worker_blackholed", "start_worker_down")
 WORKER_BACK_WAIT_S = 15.0
+MID_STREAM_WAIT_S = 10.0
 
 
 def _watch_ready(env: Env, since: float, stop: threading.Event, out: dict[str, Any]) -> None:
@@ -124,6 +125,7 @@ def run_fault(env: Env, name: str, clients: int, phase_s: float, fault_s: float)
     load = Load(env.gateway, env.key, NUM_WORDS, clients)
     load.start()
     time.sleep(phase_s)
+    load.wait_mid_stream(MID_STREAM_WAIT_S)  # the fault lands on live streams
     injected = time.monotonic()
     watch: dict[str, Any] = {}
     stop = threading.Event()

@@ -60,7 +60,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(name))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def redis_url() -> str:
     return _service_url("KVTOLL_TEST_REDIS_URL", "Redis")
 

@@ -195,12 +195,7 @@ def _start_gateways(stack: Stack, env: dict[str, str], g_url: str, d_url: str) -
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    redis_url = os.environ.get("KVTOLL_TEST_REDIS_URL", "").strip()
-    if not redis_url:
-        if os.environ.get("KVTOLL_REQUIRE_SERVICES") == "1":
-            pytest.fail("KVTOLL_REQUIRE_SERVICES=1 but KVTOLL_TEST_REDIS_URL is not set")
-        pytest.skip("Redis not configured: set KVTOLL_TEST_REDIS_URL")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("security")
     cert, key = _certificate(tmp)
     g_url, g_db, g_tenants = _database(tmp / "g.db")

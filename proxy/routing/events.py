@@ -29,6 +29,7 @@ from engine.api import KVEvent, KVEventKind
 from engine.api.wire import stream_key
 from engine.kv.hashing import BlockHash
 from proxy.routing.index import PreciseIndex
+from proxy.routing.outage import OutageLog
 from proxy.routing.registry import WorkerInfo, WorkerRegistry
 from proxy.routing.types import WorkerId
 
@@ -202,21 +203,14 @@ class EventFeeds:
     async def run(self, stop: asyncio.Event, interval_s: float = 0.1) -> None:
         """Poll until ``stop`` is set. A failure (Redis down) is logged once, as one
         line, and its recovery once; the polls failing meanwhile only at debug level."""
-        failing = False
+        outage = OutageLog(log, "KV event polling")
         while not stop.is_set():
             try:
                 await self.poll_once()
             except Exception as exc:
-                if not failing:
-                    log.warning("KV event polling failed (%s: %s); retrying quietly",
-                                type(exc).__name__, exc)
-                else:
-                    log.debug("KV event polling still failing", exc_info=True)
-                failing = True
+                outage.failed(exc)
             else:
-                if failing:
-                    log.info("KV event polling works again")
-                failing = False
+                outage.ok()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
 

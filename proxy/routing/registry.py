@@ -42,6 +42,7 @@ from engine.api.wire import (
     announcement_key,
     parse_announcement,
 )
+from proxy.routing.outage import OutageLog
 from proxy.routing.router import WorkerStatus
 from proxy.routing.types import WorkerId, WorkerLoad
 
@@ -214,23 +215,16 @@ class WorkerRegistry:
     ) -> None:
         """Refresh every ``check_interval_s`` until ``stop`` is set, calling
         ``after_refresh`` (the gateway's pool follower) after each round."""
-        failing = False  # a Redis outage is logged once, as one line, and its end once
+        outage = OutageLog(log, "worker registry refresh")  # one line per Redis outage
         while not stop.is_set():
             try:
                 await self.refresh()
                 if after_refresh is not None:
                     await after_refresh()
             except Exception as exc:  # a Redis outage must not kill the loop
-                if not failing:
-                    log.warning("worker registry refresh failed (%s: %s); retrying quietly",
-                                type(exc).__name__, exc)
-                else:
-                    log.debug("worker registry refresh still failing", exc_info=True)
-                failing = True
+                outage.failed(exc)
             else:
-                if failing:
-                    log.info("worker registry refresh works again")
-                failing = False
+                outage.ok()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.check_interval_s)
 

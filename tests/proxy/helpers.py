@@ -6,8 +6,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import uvicorn
@@ -16,7 +18,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing import accounts, pricing
-from billing.models import UsageRecord
+from billing.ledger import LedgerEntry
+from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId, UsageRecord
 from kvtoll.settings import Settings
 from proxy.app import create_app
 from proxy.cli.serve import server_config
@@ -111,3 +114,15 @@ def settled_rows(factory: sessionmaker[Session], count: int) -> list[UsageRecord
     rows = ledger_rows(factory)
     assert len(rows) == count, [r.request_id for r in rows]
     return rows
+
+
+def ledger_entry(tenants: Tenants, **changes: object) -> LedgerEntry:
+    """A valid ledger entry of tenant A's first key; ``changes`` override its fields."""
+    fields: dict[str, object] = dict(
+        request_id=str(uuid.uuid4()), tenant_id=TenantId(tenants.tenant_a),
+        api_key_id=ApiKeyId(tenants.key_a_id), model="test-model", served_by=ServedBy.ENGINE,
+        status=RequestStatus.OK, prompt_tokens=10, cached_tokens=4, completion_tokens=3,
+        similarity=None, worker="w", created_at=datetime.now(UTC), latency_ms=1.5, ttft_ms=0.5,
+    )
+    fields.update(changes)
+    return LedgerEntry(**fields)  # type: ignore[arg-type]

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -15,27 +13,22 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
-from billing.ledger import LedgerEntry
-from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
 from kvtoll.settings import Settings
 from proxy import ledger_process
 from proxy.ledger_process import LedgerProcessError, ProcessLedgerSink, shareable_url
 from proxy.metering import InProcessLedgerSink, Meter, entry_to_json
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
-from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, ledger_rows, wait_until
+from tests.proxy.helpers import (
+    MODEL,
+    LiveServer,
+    Tenants,
+    build_app,
+    ledger_entry,
+    ledger_rows,
+    wait_until,
+)
 from tests.proxy.scripted import ScriptedUpstream
-
-
-def _entry(tenants: Tenants, **changes: object) -> LedgerEntry:
-    fields: dict[str, object] = dict(
-        request_id=str(uuid.uuid4()), tenant_id=TenantId(tenants.tenant_a),
-        api_key_id=ApiKeyId(tenants.key_a_id), model="test-model", served_by=ServedBy.ENGINE,
-        status=RequestStatus.OK, prompt_tokens=10, cached_tokens=4, completion_tokens=3,
-        similarity=None, worker="w", created_at=datetime.now(UTC), latency_ms=1.5, ttft_ms=0.5,
-    )
-    fields.update(changes)
-    return LedgerEntry(**fields)  # type: ignore[arg-type]
 
 
 def _sink(db: sessionmaker[Session]) -> ProcessLedgerSink:
@@ -56,7 +49,7 @@ def test_rows_are_written_by_another_process_exactly_once(
     tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
 ) -> None:
     sink = _sink(db)
-    entries = [_entry(tenants) for _ in range(5)]
+    entries = [ledger_entry(tenants) for _ in range(5)]
 
     async def scenario() -> None:
         meter = Meter(db, Outbox.in_dir(tmp_path), ProxyMetrics.create(), sink=sink)
@@ -81,7 +74,7 @@ def test_invalid_entry_is_isolated_by_the_child(
     tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
 ) -> None:
     sink = _sink(db)
-    good, bad = _entry(tenants), _entry(tenants, cached_tokens=50)  # cached > prompt
+    good, bad = ledger_entry(tenants), ledger_entry(tenants, cached_tokens=50)  # cached > prompt
     try:
         with pytest.raises(ValueError):
             sink.write([entry_to_json(bad)])
@@ -103,7 +96,7 @@ def test_a_killed_child_is_replaced_and_nothing_is_written_twice(
 ) -> None:
     sink = _sink(db)
     metrics = ProxyMetrics.create()
-    first, later = _entry(tenants), [_entry(tenants) for _ in range(3)]
+    first, later = ledger_entry(tenants), [ledger_entry(tenants) for _ in range(3)]
 
     async def scenario() -> None:
         meter = Meter(db, Outbox.in_dir(tmp_path), metrics, sink=sink, retry_interval_s=0.0)
@@ -134,7 +127,7 @@ def test_database_failure_in_the_child_keeps_entries(
 ) -> None:
     broken = ProcessLedgerSink(f"sqlite:///{tmp_path}/missing/dir/x.db")
     metrics = ProxyMetrics.create()
-    entries = [_entry(tenants) for _ in range(3)]
+    entries = [ledger_entry(tenants) for _ in range(3)]
     try:
         with pytest.raises(LedgerProcessError):
             broken.write([entry_to_json(entries[0])])
@@ -165,7 +158,7 @@ def test_a_child_that_cannot_start_hands_over_to_the_fallback(
     assert url is not None
     sink = ProcessLedgerSink(url, fallback=InProcessLedgerSink(db))
     monkeypatch.setattr(ledger_process.sys, "executable", "/bin/false")  # dies at once
-    entry = _entry(tenants)
+    entry = ledger_entry(tenants)
     for _ in range(ledger_process.MAX_DEATHS):
         with pytest.raises(LedgerProcessError):
             sink.write([entry_to_json(entry)])

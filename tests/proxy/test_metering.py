@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.db import make_engine, session_factory
-from billing.ledger import LedgerEntry
-from billing.models import ApiKeyId, RequestStatus, ServedBy, TenantId
+from billing.models import ServedBy
 from proxy.metering import Meter, entry_from_json, entry_to_json
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
-from tests.proxy.helpers import Tenants, ledger_rows
-
-
-def _entry(tenants: Tenants, **changes: object) -> LedgerEntry:
-    fields: dict[str, object] = dict(
-        request_id=str(uuid.uuid4()), tenant_id=TenantId(tenants.tenant_a),
-        api_key_id=ApiKeyId(tenants.key_a_id), model="test-model", served_by=ServedBy.ENGINE,
-        status=RequestStatus.OK, prompt_tokens=10, cached_tokens=4, completion_tokens=3,
-        similarity=None, worker="w", created_at=datetime.now(UTC), latency_ms=1.5, ttft_ms=0.5,
-    )
-    fields.update(changes)
-    return LedgerEntry(**fields)  # type: ignore[arg-type]
+from tests.proxy.helpers import Tenants, ledger_entry, ledger_rows
 
 
 def test_json_round_trip(tenants: Tenants) -> None:
-    entry = _entry(tenants, served_by=ServedBy.SEMANTIC, similarity=0.93)
+    entry = ledger_entry(tenants, served_by=ServedBy.SEMANTIC, similarity=0.93)
     assert entry_from_json(entry_to_json(entry)) == entry
 
 
@@ -51,7 +37,7 @@ def test_drain_writes_once_and_keeps_entries_while_db_is_down(
 ) -> None:
     metrics = ProxyMetrics.create()
     broken = session_factory(make_engine(f"sqlite:///{tmp_path}/missing/dir/x.db"))
-    entries = [_entry(tenants) for _ in range(3)]
+    entries = [ledger_entry(tenants) for _ in range(3)]
 
     async def scenario() -> None:
         down = Meter(broken, Outbox.in_dir(tmp_path / "box"), metrics, retry_interval_s=0.0)
@@ -75,8 +61,8 @@ def test_drain_writes_once_and_keeps_entries_while_db_is_down(
 def test_invalid_entry_does_not_block_the_queue(
     tmp_path: Path, db: sessionmaker[Session], tenants: Tenants
 ) -> None:
-    good = _entry(tenants)
-    bad = _entry(tenants, cached_tokens=50)  # more cached than prompt tokens: impossible
+    good = ledger_entry(tenants)
+    bad = ledger_entry(tenants, cached_tokens=50)  # more cached than prompt tokens: impossible
 
     async def scenario() -> None:
         meter = Meter(db, Outbox.in_dir(tmp_path), ProxyMetrics.create())
