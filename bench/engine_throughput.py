@@ -301,6 +301,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--dtypes", action="store_true", help="only compare float32 vs bfloat16 speed")
+    ap.add_argument(
+        "--share-accounting", type=int, default=0, metavar="N",
+        help="only tenant share accounting ON vs OFF: N interleaved pairs (bench.share_accounting)",
+    )
     ap.add_argument("--llama-cpp-peer", type=Path, help=argparse.SUPPRESS)  # run_llama_cpp's child
     ap.add_argument("--extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -325,6 +329,15 @@ def main() -> None:
         num_threads=args.threads,
     )
     loaded = load_model(config)
+    if args.share_accounting:
+        from bench.share_accounting import share_accounting_cost
+
+        cost = share_accounting_cost(
+            loaded, config, work.prompts, work.max_tokens, args.share_accounting
+        )
+        print(json.dumps({"dtype": args.dtype, "requests": len(work.prompts),
+                          "share_accounting": cost}, indent=2))
+        return
     result: dict[str, Any] = {
         "dtype": args.dtype,
         "torch_threads": torch.get_num_threads(),

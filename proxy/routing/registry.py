@@ -21,6 +21,12 @@ instance id; they publish KV events) or, when that is 404, ``GET /healthz`` then
 take a worker out of the candidates until a check passes again. A worker whose
 instance id changed, or that came back after being down, gets a new ``incarnation``
 so its KV-event feed restarts from scratch.
+
+Dtypes: on a kvtoll worker's first good ``/load`` (and after it restarts) the registry
+reads its ``GET /v1/models`` (``data[i].kvtoll.dtype``). A worker, announced or listed,
+that serves a model in another dtype than a worker already in the pool is kept out of
+the candidates, with one ERROR naming both workers (the gateway's start-up check,
+``proxy.stack.worker_models``, does the same for the listed workers).
 """
 
 from __future__ import annotations
@@ -86,6 +92,8 @@ class _Entry:
     failures: int = 0
     probe: ProbeKind = "load"
     last_ok: float = field(default_factory=time.monotonic)
+    dtypes: dict[str, str] | None = None  # model -> dtype, from /v1/models (kvtoll workers)
+    refused: str | None = None  # why the worker is kept out (a dtype clash), logged once
 
 
 def parse_load(payload: dict[str, Any]) -> WorkerLoad:
@@ -250,15 +258,19 @@ class WorkerRegistry:
     async def _check(self, entry: _Entry) -> None:
         try:
             load, instance_id, block_size = await self._probe(entry)
-        except (httpx.HTTPError, ValueError, TypeError, OSError) as exc:
+            restarted = instance_id is not None and instance_id != entry.info.instance_id
+            if entry.probe == "load" and (entry.dtypes is None or restarted):
+                entry.dtypes = await self._dtypes(entry)
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, OSError) as exc:
             entry.failures += 1
             if entry.info.healthy and entry.failures >= self.config.failures_to_evict:
                 log.info("worker %s is down: %s", entry.info.worker_id, exc)
                 entry.info = replace(entry.info, healthy=False)
             return
+        if self._refuse_dtype_clash(entry):
+            return
         info = entry.info
         came_back = not info.healthy
-        restarted = instance_id is not None and instance_id != info.instance_id
         incarnation = info.incarnation + 1 if came_back or restarted else info.incarnation
         entry.failures = 0
         entry.last_ok = time.monotonic()
@@ -271,6 +283,49 @@ class WorkerRegistry:
             block_size=block_size or info.block_size,
             kv_events="none" if entry.probe != "load" else info.kv_events,
         )
+
+    async def _dtypes(self, entry: _Entry) -> dict[str, str]:
+        """``GET /v1/models``: the dtype each model runs in (``data[i].kvtoll.dtype``)."""
+        response = await self._http.get(f"{entry.info.url}/v1/models")
+        if response.status_code == 404:  # no model list: nothing to compare
+            return {}
+        response.raise_for_status()
+        found: dict[str, str] = {}
+        for item in response.json()["data"]:
+            extra = item.get("kvtoll") if isinstance(item, dict) else None
+            dtype = extra.get("dtype") if isinstance(extra, dict) else None
+            if dtype:
+                found[str(item["id"])] = str(dtype)
+        return found
+
+    def _refuse_dtype_clash(self, entry: _Entry) -> bool:
+        """Keep ``entry`` out of the candidates when it serves a model in another dtype
+        than a worker already in the pool (one temperature-0 prompt would get two
+        answers); the ERROR names both workers, once per clash. True if refused."""
+        clash = None
+        for other in self._entries.values():
+            if other is entry or other.dtypes is None or other.refused is not None:
+                continue
+            for model, dtype in (entry.dtypes or {}).items():
+                theirs = other.dtypes.get(model)
+                if theirs is not None and theirs != dtype:
+                    clash = (f"worker {entry.info.worker_id} ({entry.info.url}) serves {model} "
+                             f"in {dtype} but worker {other.info.worker_id} ({other.info.url}) "
+                             f"serves it in {theirs}: kept out of the pool; start it with "
+                             f"--dtype {theirs}")
+                    break
+            if clash:
+                break
+        if clash is None:
+            entry.refused = None
+            return False
+        if entry.refused != clash:
+            log.error("%s", clash)
+        entry.refused = clash
+        entry.failures = 0
+        if entry.info.healthy:
+            entry.info = replace(entry.info, healthy=False)
+        return True
 
     async def _probe(self, entry: _Entry) -> tuple[WorkerLoad, str | None, int | None]:
         """``GET /load``, falling back for servers without it (remembered per worker)."""

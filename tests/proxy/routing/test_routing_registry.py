@@ -286,3 +286,53 @@ def test_an_announced_worker_gets_traffic_only_after_an_authenticated_probe(
             await redis.aclose()
 
     asyncio.run(scenario())
+
+
+def _dtype_transport(dtypes: dict[str, str]) -> httpx.MockTransport:
+    """Workers scripted by host: /load, and /v1/models naming each one's dtype."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if request.url.path == "/load":
+            return httpx.Response(200, json={"num_total_blocks": 40, "block_size": 16,
+                                             "instance_id": f"i-{host}"})
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": "smollm2", "object": "model", "kvtoll": {"dtype": dtypes[host]}}]})
+        return httpx.Response(404)
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.redis
+def test_discovered_workers_of_one_model_in_another_dtype_are_kept_out(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker found through discovery is dtype-checked like a listed one: one that
+    serves the model in another dtype than the pool never becomes a candidate, and the
+    error names both workers (once, not every round)."""
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            config = RegistryConfig(redis_prefix=redis_prefix)
+            transport = _dtype_transport({"w1": "bfloat16", "w2": "bfloat16", "w3": "float32"})
+            async with httpx.AsyncClient(transport=transport) as http:
+                registry = WorkerRegistry(config, [("w1", "http://w1:8001")], redis=redis,
+                                          http=http, registration_token=TOKEN)
+                await registry.refresh()
+                for name in ("w2", "w3"):
+                    await announce(redis, f"http://{name}:8001", 30, prefix=redis_prefix,
+                                   name=name, tokens=[TOKEN])
+                with caplog.at_level("ERROR", logger="proxy.routing.registry"):
+                    for _ in range(3):
+                        await registry.refresh()
+                assert {s.worker_id for s in registry.healthy_workers()} == {"w1", "w2"}
+                errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+                assert len(errors) == 1
+                assert "w3 (http://w3:8001) serves smollm2 in float32" in errors[0]
+                assert "worker w1 (http://w1:8001) serves it in bfloat16" in errors[0]
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
