@@ -1,6 +1,12 @@
 """The fixed-latency OpenAI-compatible upstream the gateway benches put behind kvtoll and
 its peers: a raw ASGI app (``/healthz``, ``/v1/models``, and after ``latency_s`` of sleep a
-short chat completion, streamed or whole), served by uvicorn in a process of its own."""
+short chat completion, streamed or whole; any other path is a 404, as on vLLM), served by
+uvicorn in a process of its own.
+
+Before, every path answered 200, so the gateway took this server for a kvtoll worker
+(``GET /load`` answered) and polled its ``/kv/events`` ten times a second with httpx:
+10% of the gateway's GIL samples under load and a spike train at 0.11 s in the added
+latency, work no gateway does in front of a plain OpenAI server."""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 MODEL = "fixed-latency"
+NOT_FOUND = b'{"detail":"Not Found"}'
+PATHS = {"/healthz": b'{"status":"ok"}', "/health": b'{"status":"ok"}'}
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -52,8 +60,11 @@ def make_upstream(latency_s: float) -> Callable[..., Awaitable[None]]:
                 break
         path = scope["path"]
         if path != "/v1/chat/completions":
-            payload = models if path == "/v1/models" else b'{"status":"ok"}'
-            await _send(send, [payload], "application/json")
+            # as vLLM and other OpenAI servers: kvtoll's worker paths (/load, /kv/events)
+            # are unknown here, so the gateway treats this as a plain server
+            payload = models if path == "/v1/models" else PATHS.get(path, NOT_FOUND)
+            await _send(send, [payload], "application/json",
+                        404 if payload is NOT_FOUND else 200)
             return
         await asyncio.sleep(latency_s)
         stream = b'"stream":true' in body.replace(b" ", b"")
@@ -63,11 +74,12 @@ def make_upstream(latency_s: float) -> Callable[..., Awaitable[None]]:
     return app
 
 
-async def _send(send: ASGISend, parts: list[bytes], content_type: str) -> None:
+async def _send(send: ASGISend, parts: list[bytes], content_type: str,
+                status: int = 200) -> None:
     headers = [(b"content-type", content_type.encode())]
     if len(parts) == 1:
         headers.append((b"content-length", str(len(parts[0])).encode()))
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     for i, part in enumerate(parts):
         await send({"type": "http.response.body", "body": part,
                     "more_body": i < len(parts) - 1})

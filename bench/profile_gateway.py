@@ -4,8 +4,9 @@
     pip install py-spy    # into the venv; then
     python bench/profile_gateway.py [--ledger-writer process|thread] [--requests 1500]
 
-Prints the top entries by own samples and by inclusive samples (share of all samples
-of the process, every thread) for the idle and the loaded window, and the added
+Prints the top entries by own samples, by inclusive samples and by inclusive samples
+of the project's own frames (share of all samples of the process, every thread; with
+``--gil`` only the thread holding the GIL) for the idle and the loaded window, and the added
 latency's p50/p99/p99.9 over the same requests.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +31,9 @@ import httpx
 
 from bench import latency_series
 from bench import proxy_overhead as po
+
+# a frame of the project's own code (the inclusive list is otherwise all stack roots)
+PROJECT_FRAME = re.compile(r"\((proxy|kvtoll|billing|engine)/")
 
 
 def top_entries(raw: Path, count: int) -> dict[str, Any]:
@@ -49,13 +54,19 @@ def top_entries(raw: Path, count: int) -> dict[str, Any]:
     def share(counter: collections.Counter[str]) -> list[str]:
         return [f"{100 * n / total:.1f}% {frame}" for frame, n in counter.most_common(count)]
 
+    project = collections.Counter({frame: n for frame, n in inclusive.items()
+                                   if PROJECT_FRAME.search(frame)})
     return {"samples": total, "own": share(own) if total else [],
-            "inclusive": share(inclusive) if total else []}
+            "inclusive": share(inclusive) if total else [],
+            "inclusive_project": share(project) if total else []}
 
 
-def record(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+def record(py_spy: str, pid: int, seconds: float, out: Path,
+           gil: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy on ``pid``; with ``gil`` only the samples of the thread holding the GIL
+    (the CPU the event loop and its helpers spend, without threads parked in a wait)."""
     return subprocess.Popen([py_spy, "record", "-p", str(pid), "-d", str(int(seconds)),
-                             "-r", "200", "-f", "raw", "-o", str(out)],
+                             "-r", "200", "-f", "raw", "-o", str(out), *(["--gil"] if gil else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -75,8 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                       args.ledger_writer))
         po.wait_ready(gateway, procs[1])
         pid = procs[1].pid
-        record(py_spy, pid, args.idle_seconds, tmp / "idle.txt").wait()
-        spy = record(py_spy, pid, args.load_seconds, tmp / "load.txt")
+        record(py_spy, pid, args.idle_seconds, tmp / "idle.txt", args.gil).wait()
+        spy = record(py_spy, pid, args.load_seconds, tmp / "load.txt", args.gil)
         headers = {"Authorization": f"Bearer {key}"}
         added: list[float] = []
         with httpx.Client(timeout=30) as client:
@@ -96,7 +107,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             proc.terminate()
             proc.wait(timeout=30)
     measured = added[args.warmup:]
-    return {"ledger_writer": args.ledger_writer, "requests": len(measured),
+    return {"ledger_writer": args.ledger_writer, "gil_only": args.gil,
+            "requests": len(measured),
             "added": latency_series.tail(measured),
             "idle": top_entries(tmp / "idle.txt", args.top),
             "load": top_entries(tmp / "load.txt", args.top)}
@@ -110,6 +122,9 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=4)
     parser.add_argument("--load-seconds", type=float, default=12)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--gil", action="store_true",
+                        help="sample only the thread holding the GIL (py-spy --gil): where "
+                             "the CPU goes, without the threads parked in a wait")
     print(json.dumps(run(parser.parse_args()), indent=2))
 
 
