@@ -20,7 +20,7 @@ def _torch_classes() -> tuple[Any, Any, Any]:
 def _make_class() -> Any:
     torch, _, _ = _torch_classes()
 
-    class _PairClassifier(torch.nn.Module):  # type: ignore[name-defined,misc]
+    class _PairClassifier(torch.nn.Module):  # type: ignore[name-defined]
         def __init__(self, encoder: Any) -> None:
             super().__init__()
             self.encoder = encoder
