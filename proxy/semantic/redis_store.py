@@ -12,7 +12,11 @@ Layout (``p`` = key prefix, ``t`` = tenant id):
 * ``p feed``       stream of changes (put / delete / flush, with the writer's origin),
                    capped near ``feed_maxlen``; each replica follows it to keep its
                    FAISS mirror in sync and skips its own events
-* ``p req:t:<rid>`` request id -> entry id served (feedback by request id)
+* ``p req:t:<rid>`` request id -> "entry id score" served (feedback by request id)
+* the error bound's evidence (:mod:`proxy.semantic.bound`): fields ``c<bin>`` /
+  ``w<bin>`` (correct / wrong observations per score bin) in the entry's hash (gone
+  with it) and in ``p ev:t`` (the tenant's sum, kept), so every replica decides on
+  the same evidence
 
 A connection failure marks the store down for ``retry_after_s``; meanwhile every
 call fails fast with :class:`StoreUnavailable`, which the service turns into a miss.
@@ -28,6 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from proxy.semantic.bound import NUM_BINS, Evidence, score_bin
 from proxy.semantic.capacity import entry_size
 from proxy.semantic.keys import PartitionKey
 from proxy.semantic.store import CacheEntry, ChangeEvent, Clock, EntryId, StoreConfig
@@ -41,6 +46,15 @@ redis.call('HSET', KEYS[1], 'last_hit', ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
+
+_OBSERVE_SCRIPT = """
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+if KEYS[1] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+end
+return 1
+"""
+_EVIDENCE_FIELDS = [f"c{b}" for b in range(NUM_BINS)] + [f"w{b}" for b in range(NUM_BINS)]
 
 
 class StoreUnavailable(RuntimeError):
@@ -68,6 +82,7 @@ class RedisStore:
             url, socket_connect_timeout=connect_timeout_s, socket_timeout=socket_timeout_s
         )
         self._hit_script = self._redis.register_script(_HIT_SCRIPT)
+        self._observe_script = self._redis.register_script(_OBSERVE_SCRIPT)
         self.capacity = self._config.capacity_table()
 
     @property
@@ -259,17 +274,55 @@ class RedisStore:
 
         return await self._call(run)
 
-    async def remember_request(self, tenant_id: str, request_id: str, entry_id: EntryId) -> None:
+    async def remember_request(
+        self, tenant_id: str, request_id: str, entry_id: EntryId, score: float | None = None
+    ) -> None:
         key = f"{self._p}req:{tenant_id}:{request_id}"
         ttl = max(1, int(self._config.request_memory_s))
-        await self._call(lambda: self._redis.set(key, entry_id, ex=ttl))
+        value = entry_id if score is None else f"{entry_id} {float(score)!r}"
+        await self._call(lambda: self._redis.set(key, value, ex=ttl))
 
     async def entry_for_request(self, tenant_id: str, request_id: str) -> EntryId | None:
+        served = await self.served_for_request(tenant_id, request_id)
+        return served[0] if served else None
+
+    async def served_for_request(
+        self, tenant_id: str, request_id: str
+    ) -> tuple[EntryId, float | None] | None:
         raw = await self._call(lambda: self._redis.get(f"{self._p}req:{tenant_id}:{request_id}"))
-        return EntryId(raw.decode()) if raw else None
+        if not raw:
+            return None
+        entry_id, _, score = raw.decode().partition(" ")
+        return EntryId(entry_id), float(score) if score else None
+
+    async def observe(
+        self, tenant_id: str, entry_id: EntryId | None, score: float, correct: bool
+    ) -> None:
+        field = f"{'c' if correct else 'w'}{score_bin(score)}"
+        entry_key = self._entry_key(tenant_id, entry_id) if entry_id else ""
+        keys = [entry_key, f"{self._p}ev:{tenant_id}"]
+        await self._call(lambda: self._observe_script(keys=keys, args=[field]))
+
+    async def evidence(
+        self, tenant_id: str, entry_ids: list[EntryId]
+    ) -> tuple[Evidence, list[Evidence]]:
+        async def run() -> tuple[Evidence, list[Evidence]]:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hmget(f"{self._p}ev:{tenant_id}", _EVIDENCE_FIELDS)
+            for entry_id in entry_ids:
+                pipe.hmget(self._entry_key(tenant_id, entry_id), _EVIDENCE_FIELDS)
+            tenant, *entries = await pipe.execute()
+            return _evidence_of(tenant), [_evidence_of(raw) for raw in entries]
+
+        return await self._call(run)
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+
+def _evidence_of(raw: list[bytes | None]) -> Evidence:
+    counts = [int(v) if v else 0 for v in raw]
+    return Evidence(tuple(counts[:NUM_BINS]), tuple(counts[NUM_BINS:]))
 
 
 def _event_from(fields: dict[bytes, bytes]) -> ChangeEvent:

@@ -4,8 +4,12 @@ Lookup: the request maps to a tenant partition and a query text (:mod:`keys`); t
 query is embedded (micro-batched), the partition's index returns the
 ``num_candidates`` nearest cached prompts, and the verifier scores each one with a
 similarity of at least its ``min_similarity``; the best score at or above the
-threshold (per tenant, else the verifier's default) is a hit. Any store failure is
-a miss (counted in ``stats.store_errors``), never an error.
+threshold (per tenant, else the verifier's default) is a hit. With a tenant error bound
+(``max_error_rate``) the evidence decides instead, above a recall-first floor, and a
+share of would-be hits is explored (:mod:`explore`, :mod:`bound`); the gateway reports
+the engine's answers back (:meth:`SemanticCache.check_probe`) and feedback adds wrong
+observations (:meth:`SemanticCache.invalidate`). Any store failure is a miss (counted
+in ``stats.store_errors``), never an error.
 
 Store: only complete answers (every choice ``finish_reason == "stop"``, or
 ``"tool_calls"`` when allowed). Entries live in the store (:mod:`store`); this
@@ -18,23 +22,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from proxy.semantic.bound import BoundConfig, ErrorBound
 from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.embedder import Embedder, MicroBatcher
+from proxy.semantic.explore import BoundedChooser, Choice, answers_agree, cosine
 from proxy.semantic.index import FaissIndex
 from proxy.semantic.keys import CacheKey, NotCacheable, PartitionKey, build_cache_key
 from proxy.semantic.mirror import IndexFactory, Mirror, Slot
 from proxy.semantic.stats import LookupResult, LookupTiming, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
-from proxy.semantic.types import SemanticHit
+from proxy.semantic.types import SemanticHit, SemanticProbe
 from proxy.semantic.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,11 @@ class SemanticConfig:
     embed_threads_per_worker: int | None = 1
     sync_block_ms: int = 1000
     sweep_interval_s: float = 60.0
+    # The error bound (proxy.semantic.bound / explore): share of would-be hits explored,
+    # the lowest score considered when the tenant sets no threshold, the rule's figures.
+    explore_rate: float = 0.05
+    bound_floor: float = 0.5
+    bound: BoundConfig = field(default_factory=BoundConfig)
 
 
 class SemanticCache:
@@ -69,6 +81,7 @@ class SemanticCache:
         index_factory: IndexFactory | None = None,
         batcher: MicroBatcher | None = None,
         clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
     ) -> None:
         self._embedder = embedder
         self._config = config or SemanticConfig()
@@ -85,6 +98,8 @@ class SemanticCache:
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._cursor: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._chooser = BoundedChooser(store, ErrorBound(self._config.bound),
+                                       self._config.explore_rate, rng or random.Random())
         self.stats = SemanticStats()
 
     def set_capacity(self, tenant_id: str | int, capacity: TenantCapacity) -> None:
@@ -108,18 +123,21 @@ class SemanticCache:
     async def lookup(
         self, tenant_id: str | int, body: Mapping[str, Any], *, allow_sampled: bool = False,
         threshold: float | None = None, request_id: str | None = None,
+        max_error_rate: float | None = None,
     ) -> SemanticHit | None:  # fmt: skip
         """The verified cached answer for this request, or None (miss, bypass, failure)."""
         result = await self.lookup_detailed(
-            tenant_id, body, allow_sampled=allow_sampled, threshold=threshold, request_id=request_id
-        )
+            tenant_id, body, allow_sampled=allow_sampled, threshold=threshold,
+            request_id=request_id, max_error_rate=max_error_rate,
+        )  # fmt: skip
         return result.hit
 
     async def lookup_detailed(
         self, tenant_id: str | int, body: Mapping[str, Any], *, allow_sampled: bool = False,
         threshold: float | None = None, request_id: str | None = None,
+        max_error_rate: float | None = None,
     ) -> LookupResult:  # fmt: skip
-        """Like :meth:`lookup`, with timings and the outcome's reason."""
+        """Like :meth:`lookup`, with timings, the outcome's reason and the probe."""
         key = self.key_for(tenant_id, body, allow_sampled=allow_sampled)
         if isinstance(key, NotCacheable):
             self.stats.bypassed += 1
@@ -142,6 +160,10 @@ class SemanticCache:
         t3 = time.perf_counter()
         timing = LookupTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         self.stats.observe(timing)
+        if max_error_rate is not None:
+            floor = self._config.bound_floor if threshold is None else threshold
+            return await self._bounded(key, body, scored, timing, floor, max_error_rate,
+                                       request_id)  # fmt: skip
         try:
             hit = await self._first_live(key.tenant_id, scored, limit, request_id)
         except Exception:
@@ -156,6 +178,78 @@ class SemanticCache:
             self.stats.rejections += 1
             return LookupResult(None, timing, "rejected")
         return LookupResult(None, timing, "miss")
+
+    async def _bounded(
+        self, key: CacheKey, body: Mapping[str, Any], scored: list[tuple[float, float, Slot]],
+        timing: LookupTiming, floor: float, max_error_rate: float, request_id: str | None,
+    ) -> LookupResult:  # fmt: skip
+        tenant = self.stats.tenant(key.tenant_id)
+        tenant.max_error_rate = max_error_rate
+        try:
+            choice = await self._chooser.choose(key.tenant_id, scored, floor, max_error_rate)
+            hit = None
+            if choice.serve is not None:
+                hit = await self._first_live(key.tenant_id, [choice.serve], 0.0, request_id)
+            probe = None if choice.probe is None else await self._probe(key, body, choice)
+        except Exception:
+            self.stats.store_errors += 1
+            self.stats.misses += 1
+            return LookupResult(None, timing, "store_error")
+        if hit is not None:
+            self.stats.hits += 1
+            tenant.hits += 1
+            return LookupResult(hit, timing, "hit")
+        self.stats.misses += 1
+        if probe is not None:
+            if probe.explored:
+                tenant.explored += 1
+            else:
+                tenant.held_back += 1
+            return LookupResult(None, timing, "explore" if probe.explored else "held_back", probe)
+        if scored:
+            self.stats.rejections += 1
+            return LookupResult(None, timing, "rejected")
+        return LookupResult(None, timing, "miss")
+
+    async def _probe(self, key: CacheKey, body: Mapping[str, Any], choice: Choice
+                     ) -> SemanticProbe | None:  # fmt: skip
+        assert choice.probe is not None
+        score, sim, slot = choice.probe
+        entry = await self._store.get(key.tenant_id, slot.entry_id)
+        if entry is None:
+            return None
+        temperature = body.get("temperature")
+        if temperature is None:
+            temperature = self._config.default_temperature
+        texts = tuple(c.text for c in SemanticHit.of_entry(entry, sim).choices)
+        return SemanticProbe(entry.entry_id, score, sim, texts, choice.explored,
+                             exact_compare=temperature == 0)  # fmt: skip
+
+    async def observe(
+        self, tenant_id: str | int, entry_id: str | None, score: float, correct: bool
+    ) -> None:
+        """Add one observation (an entry answering at ``score`` was right or not)."""
+        await self._store.observe(str(tenant_id), EntryId(entry_id) if entry_id else None,
+                                  score, correct)  # fmt: skip
+
+    async def check_probe(
+        self, tenant_id: str | int, probe: SemanticProbe, fresh_texts: tuple[str, ...]
+    ) -> bool:
+        """Compare the engine's answer with the probe's stored one and record it."""
+        sims = None
+        if not probe.exact_compare:
+            sims = [cosine(await self._batcher.embed_one(a), await self._batcher.embed_one(b))
+                    for a, b in zip(probe.stored_texts, fresh_texts, strict=False)]  # fmt: skip
+        correct = answers_agree(probe.stored_texts, fresh_texts, exact=probe.exact_compare,
+                                verifier=self._verifier, similarities=sims)  # fmt: skip
+        await self.observe(tenant_id, probe.entry_id, probe.score, correct)
+        tenant = self.stats.tenant(str(tenant_id))
+        if probe.explored:
+            tenant.explored_checked += 1
+            tenant.explored_wrong += not correct
+        else:
+            tenant.held_back_wrong += not correct
+        return correct
 
     def _threshold(self, tenant_threshold: float | None) -> float:
         if tenant_threshold is not None:
@@ -189,8 +283,8 @@ class SemanticCache:
                 self._mirror.remove(slot.entry_id)
                 continue
             if request_id is not None:
-                await self._store.remember_request(tenant_id, request_id, entry.entry_id)
-            return SemanticHit.of_entry(entry, sim)
+                await self._store.remember_request(tenant_id, request_id, entry.entry_id, score)
+            return SemanticHit.of_entry(entry, sim, score)
         return None
 
     async def store(
@@ -262,15 +356,25 @@ class SemanticCache:
     async def invalidate(
         self, tenant_id: str | int, *, entry_id: str | None = None, request_id: str | None = None
     ) -> EntryId | None:
-        """Feedback "wrong": delete the entry served (by entry id or by the request id
-        of the hit). Returns the entry id deleted, or None if nothing matched."""
+        """Feedback "wrong": a wrong observation at the score the hit was served at (when
+        named by request id: the score is known), then delete the entry served (by entry
+        id or by the request id of the hit). Returns the entry id deleted, or None if
+        nothing matched."""
         tenant = str(tenant_id)
         target = EntryId(entry_id) if entry_id else None
-        if target is None and request_id:
-            target = await self._store.entry_for_request(tenant, request_id)
-        if target is None or not await self.delete(tenant, target):
+        score: float | None = None
+        if request_id:
+            served = await self._store.served_for_request(tenant, request_id)
+            if served is not None and (target is None or served[0] == target):
+                target, score = served
+        if target is None:
+            return None
+        if score is not None:
+            await self._store.observe(tenant, target, score, False)
+        if not await self.delete(tenant, target):
             return None
         self.stats.invalidations += 1
+        self.stats.tenant(tenant).feedback_wrong += 1
         return target
 
     async def flush(self, tenant_id: str | int) -> int:

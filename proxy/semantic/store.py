@@ -8,6 +8,9 @@ Policy
   bytes), or its own limits (:mod:`proxy.semantic.capacity`); a put past them evicts
   that tenant's least recently used ones (recency = last hit, or creation if never hit).
 * Tenants never share entries: every operation is scoped by tenant id.
+* Evidence for the error bound (:mod:`proxy.semantic.bound`) lives with the entry
+  (gone with it) and, summed, with the tenant (kept): :meth:`EntryStore.observe`
+  adds one observation to both, :meth:`EntryStore.evidence` reads them.
 
 :class:`InMemoryStore` is the single-process default. :mod:`proxy.semantic.redis_store`
 holds entries in Redis so that every replica serves every replica's entries; stores
@@ -27,6 +30,7 @@ from typing import Any, Literal, NewType, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from proxy.semantic.bound import Evidence
 from proxy.semantic.capacity import ByteLedger, CapacityTable
 from proxy.semantic.keys import PartitionKey
 
@@ -116,10 +120,31 @@ class EntryStore(Protocol):
         ...
 
     async def remember_request(
-        self, tenant_id: str, request_id: str, entry_id: EntryId
-    ) -> None: ...
+        self, tenant_id: str, request_id: str, entry_id: EntryId, score: float | None = None
+    ) -> None:
+        """Remember which entry answered a request, and at which verifier score."""
+        ...
 
     async def entry_for_request(self, tenant_id: str, request_id: str) -> EntryId | None: ...
+
+    async def served_for_request(
+        self, tenant_id: str, request_id: str
+    ) -> tuple[EntryId, float | None] | None:
+        """(entry id, score) that answered a request, or None."""
+        ...
+
+    async def observe(
+        self, tenant_id: str, entry_id: EntryId | None, score: float, correct: bool
+    ) -> None:
+        """Add one observation to the entry's evidence (if it still exists; None: the
+        tenant's only) and to the tenant's."""
+        ...
+
+    async def evidence(
+        self, tenant_id: str, entry_ids: list[EntryId]
+    ) -> tuple[Evidence, list[Evidence]]:
+        """The tenant's evidence and each entry's (empty for an unknown one)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -131,7 +156,9 @@ class InMemoryStore:
         self._config = config or StoreConfig()
         self._clock = clock
         self._tenants: dict[str, OrderedDict[EntryId, CacheEntry]] = {}
-        self._requests: dict[tuple[str, str], tuple[EntryId, float]] = {}
+        self._requests: dict[tuple[str, str], tuple[EntryId, float, float | None]] = {}
+        self._entry_evidence: dict[tuple[str, EntryId], Evidence] = {}
+        self._tenant_evidence: dict[str, Evidence] = {}
         self.capacity = self._config.capacity_table()
         self._bytes = ByteLedger()
 
@@ -155,6 +182,7 @@ class InMemoryStore:
         while entries and self.capacity.over(tenant, len(entries), self._bytes.get(tenant)):
             victim_id, victim = entries.popitem(last=False)
             self._bytes.remove(victim)
+            self._entry_evidence.pop((tenant, victim_id), None)
             evicted.append(victim_id)
         return evicted
 
@@ -165,6 +193,7 @@ class InMemoryStore:
             return None
         if entry.expires_at <= self._clock():
             self._bytes.remove(entries.pop(entry_id))
+            self._entry_evidence.pop((tenant_id, entry_id), None)
             return None
         return entry
 
@@ -183,11 +212,14 @@ class InMemoryStore:
         gone = entries.pop(entry_id, None) if entries else None
         if gone is not None:
             self._bytes.remove(gone)
+            self._entry_evidence.pop((tenant_id, entry_id), None)
         return gone is not None
 
     async def flush(self, tenant_id: str) -> int:
         entries = self._tenants.pop(tenant_id, None)
         self._bytes.drop(tenant_id)
+        for entry_id in entries or ():
+            self._entry_evidence.pop((tenant_id, entry_id), None)
         return len(entries) if entries else 0
 
     async def expire(self) -> list[tuple[str, EntryId]]:
@@ -196,6 +228,7 @@ class InMemoryStore:
         for tenant_id, entries in self._tenants.items():
             for entry_id in [i for i, e in entries.items() if e.expires_at <= now]:
                 self._bytes.remove(entries.pop(entry_id))
+                self._entry_evidence.pop((tenant_id, entry_id), None)
                 removed.append((tenant_id, entry_id))
         return removed
 
@@ -214,15 +247,44 @@ class InMemoryStore:
         await asyncio.sleep(block_ms / 1000)
         return cursor, []
 
-    async def remember_request(self, tenant_id: str, request_id: str, entry_id: EntryId) -> None:
+    async def remember_request(
+        self, tenant_id: str, request_id: str, entry_id: EntryId, score: float | None = None
+    ) -> None:
         now = self._clock()
         if len(self._requests) > 100_000:
             self._requests = {k: v for k, v in self._requests.items() if v[1] > now}
-        self._requests[(tenant_id, request_id)] = (entry_id, now + self._config.request_memory_s)
+        until = now + self._config.request_memory_s
+        self._requests[(tenant_id, request_id)] = (entry_id, until, score)
 
     async def entry_for_request(self, tenant_id: str, request_id: str) -> EntryId | None:
+        served = await self.served_for_request(tenant_id, request_id)
+        return served[0] if served else None
+
+    async def served_for_request(
+        self, tenant_id: str, request_id: str
+    ) -> tuple[EntryId, float | None] | None:
         found = self._requests.get((tenant_id, request_id))
-        return found[0] if found and found[1] > self._clock() else None
+        return (found[0], found[2]) if found and found[1] > self._clock() else None
+
+    async def observe(
+        self, tenant_id: str, entry_id: EntryId | None, score: float, correct: bool
+    ) -> None:
+        tenant = self._tenant_evidence.get(tenant_id, Evidence())
+        self._tenant_evidence[tenant_id] = tenant.add(score, correct)
+        entries = self._tenants.get(tenant_id)
+        if entry_id is not None and entries is not None and entry_id in entries:
+            key = (tenant_id, entry_id)
+            self._entry_evidence[key] = self._entry_evidence.get(key, Evidence()).add(
+                score, correct
+            )
+
+    async def evidence(
+        self, tenant_id: str, entry_ids: list[EntryId]
+    ) -> tuple[Evidence, list[Evidence]]:
+        empty = Evidence()
+        return self._tenant_evidence.get(tenant_id, empty), [
+            self._entry_evidence.get((tenant_id, e), empty) for e in entry_ids
+        ]
 
     async def aclose(self) -> None:
         return None

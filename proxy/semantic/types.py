@@ -1,7 +1,8 @@
 """What crosses the seam between the gateway and the semantic cache: the query the
 gateway asks (:class:`SemanticQuery`), the verified hit the cache answers with
-(:class:`SemanticHit`, the one hit type from lookup to response) and a complete answer
-offered for storage (:class:`SemanticAnswer`).
+(:class:`SemanticHit`, the one hit type from lookup to response), a would-be hit the
+gateway answers from the engine to check it (:class:`SemanticProbe`) and a complete
+answer offered for storage (:class:`SemanticAnswer`).
 
 An entry stores the OpenAI response object a client received:
 :meth:`SemanticAnswer.as_response` writes it, :meth:`SemanticHit.of_entry` reads it back.
@@ -39,6 +40,7 @@ class SemanticQuery:
     threshold: float | None  # tenant policy (None = cache default)
     allow_sampled: bool  # tenant allows hits for temperature > 0 requests
     capacity: TenantCapacity | None = None  # tenant policy: its semantic-cache limits
+    max_error_rate: float | None = None  # tenant policy: the error bound (None: no bound)
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,10 @@ class SemanticHit:
     similarity: float
     completion_tokens: int  # of the stored answer (the gateway counts the new prompt)
     entry: CacheEntry | None = None  # the entry that answered (None: not from a store)
+    score: float | None = None  # the verifier's score of the hit
 
     @staticmethod
-    def of_entry(entry: CacheEntry, similarity: float) -> SemanticHit:
+    def of_entry(entry: CacheEntry, similarity: float, score: float | None = None) -> SemanticHit:
         """The hit an entry gives: its choices' text and finish reasons, its usage."""
         answer = entry.answer
         choices = tuple(
@@ -66,7 +69,20 @@ class SemanticHit:
         )
         usage = answer.get("usage") or {}
         return SemanticHit(choices, float(similarity), int(usage.get("completion_tokens", 0)),
-                           entry)
+                           entry, score)
+
+
+@dataclass(frozen=True)
+class SemanticProbe:
+    """A would-be hit answered from the engine so that the answers can be compared:
+    ``explored`` (the error bound would have served it) or held back (it would not)."""
+
+    entry_id: str
+    score: float
+    similarity: float
+    stored_texts: tuple[str, ...]
+    explored: bool
+    exact_compare: bool  # a temperature-0 request: the answers must be equal
 
 
 @dataclass(frozen=True)
