@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from billing import keys
 from billing.errors import Conflict, InvalidInput, NotFound
-from billing.models import ApiKey, ApiKeyId, Tenant, TenantId
+from billing.models import DEFAULT_SEMANTIC_MAX_ERROR_RATE, ApiKey, ApiKeyId, Tenant, TenantId
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class KeyIdentity:
     kv_max_blocks: int | None = None
     semantic_max_entries: int | None = None
     semantic_max_bytes: int | None = None
+    semantic_max_error_rate: float = DEFAULT_SEMANTIC_MAX_ERROR_RATE
 
 
 def check_tenant_name(name: str) -> str:
@@ -64,7 +65,8 @@ def create_tenant(session: Session, name: str) -> Tenant:
         same = "" if existing.name == name else f" (as {existing.name!r}: names ignore case)"
         raise Conflict(f"tenant {name!r} already exists{same}")
     tenant = Tenant(
-        name=name, created_at=datetime.now(UTC), semantic_allow_sampled=False, kv_reserved_blocks=0
+        name=name, created_at=datetime.now(UTC), semantic_allow_sampled=False, kv_reserved_blocks=0,
+        semantic_max_error_rate=DEFAULT_SEMANTIC_MAX_ERROR_RATE,
     )
     session.add(tenant)
     try:
@@ -108,12 +110,16 @@ def set_tenant_policy(
     kv_max_blocks: int | None = None,
     semantic_max_entries: int | None = None,
     semantic_max_bytes: int | None = None,
+    semantic_max_error_rate: float | None = None,
 ) -> Tenant:
     """Replace a tenant's cache policy (threshold ``None`` = server default; KV cap
-    ``None`` = none)."""
+    ``None`` = none; error bound ``None`` = keep the tenant's)."""
     tenant = require_tenant(session, name)
     if semantic_threshold is not None and not 0.0 <= semantic_threshold <= 1.0:
         raise InvalidInput(f"semantic threshold must be in [0, 1], got {semantic_threshold}")
+    rate = tenant.semantic_max_error_rate
+    if semantic_max_error_rate is not None:
+        rate = check_max_error_rate(semantic_max_error_rate)
     _check_kv_blocks(kv_reserved_blocks, kv_max_blocks)
     tenant.semantic_threshold = semantic_threshold
     tenant.semantic_allow_sampled = bool(semantic_allow_sampled)
@@ -121,9 +127,17 @@ def set_tenant_policy(
     tenant.kv_max_blocks = kv_max_blocks
     tenant.semantic_max_entries = _check_capacity(semantic_max_entries, "semantic_max_entries")
     tenant.semantic_max_bytes = _check_capacity(semantic_max_bytes, "semantic_max_bytes", 2**62)
+    tenant.semantic_max_error_rate = rate
     session.flush()
     log.info("tenant policy set", extra={"tenant": name})
     return tenant
+
+
+def check_max_error_rate(value: float) -> float:
+    """``value`` if it is a rate strictly between 0 and 1 (the error bound)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value < 1.0:
+        raise InvalidInput(f"semantic_max_error_rate must be in (0, 1), got {value!r}")
+    return float(value)
 
 
 def _check_kv_blocks(reserved: int, cap: int | None) -> None:
@@ -237,4 +251,5 @@ def resolve_key(session: Session, plaintext: str) -> KeyIdentity | None:
         kv_max_blocks=tenant.kv_max_blocks,
         semantic_max_entries=tenant.semantic_max_entries,
         semantic_max_bytes=tenant.semantic_max_bytes,
+        semantic_max_error_rate=tenant.semantic_max_error_rate,
     )

@@ -197,10 +197,15 @@ def _add_policy_command(group: typer.Typer) -> None:
             None, "--semantic-max-bytes",
             help="Semantic-cache bytes the tenant may hold ('none': server default).",
         ),
+        max_error_rate: str | None = typer.Option(
+            None, "--semantic-max-error-rate",
+            help="Largest wrong-hit rate the semantic cache may serve, in (0, 1) (default 0.02).",
+        ),
     ) -> None:
         """Change a tenant's cache policy; options left out keep their value."""
         new_threshold = _number(threshold, float, "--semantic-threshold")
         new_reserved = _number(reserved, int, "--kv-reserved-blocks")
+        new_rate = _number(max_error_rate, float, "--semantic-max-error-rate")
         with _transaction() as session:
             tenant = accounts.require_tenant(session, name)
             keep = tenant.semantic_threshold
@@ -217,6 +222,7 @@ def _add_policy_command(group: typer.Typer) -> None:
                 semantic_max_bytes=_optional(
                     semantic_bytes, "--semantic-max-bytes", tenant.semantic_max_bytes
                 ),
+                semantic_max_error_rate=new_rate,
             )
             typer.echo(f"tenant {name} policy updated")
 
@@ -247,11 +253,11 @@ def _tenant_group() -> typer.Typer:
             rows = [
                 (t.id, t.name, _iso(t.created_at), t.semantic_threshold,
                  t.semantic_allow_sampled, t.kv_reserved_blocks, t.kv_max_blocks,
-                 t.semantic_max_entries, t.semantic_max_bytes)
+                 t.semantic_max_entries, t.semantic_max_bytes, t.semantic_max_error_rate)
                 for t in accounts.list_tenants(session)
             ]
         header = ("id", "name", "created_at", "semantic_threshold", "allow_sampled", "kv_reserved",
-                  "kv_max", "semantic_max_entries", "semantic_max_bytes")
+                  "kv_max", "semantic_max_entries", "semantic_max_bytes", "semantic_max_error_rate")
         _print_rows(header, rows)
 
     _add_policy_command(group)

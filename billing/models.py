@@ -37,6 +37,8 @@ TenantId = NewType("TenantId", int)
 ApiKeyId = NewType("ApiKeyId", str)
 PriceId = NewType("PriceId", int)
 
+DEFAULT_SEMANTIC_MAX_ERROR_RATE = 0.02  # a tenant's semantic-cache error bound by default
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -112,6 +114,10 @@ class Tenant(Base):
     kv_max_blocks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # NULL: no cap
     semantic_max_entries: Mapped[int | None] = mapped_column(Integer, nullable=True)
     semantic_max_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The semantic cache's error bound, in (0, 1) (proxy/semantic/bound.py).
+    semantic_max_error_rate: Mapped[float] = mapped_column(
+        Float, default=DEFAULT_SEMANTIC_MAX_ERROR_RATE, server_default="0.02"
+    )
 
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 

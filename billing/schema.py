@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-SCHEMA_REVISION = "0009"
+SCHEMA_REVISION = "0010"
 
 
 def sqlite_file_missing(url: str) -> bool:

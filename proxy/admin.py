@@ -4,6 +4,9 @@
 
     GET  /admin/tenants                      kvtoll tenant list
     POST /admin/tenants        {name}        kvtoll tenant create NAME
+    GET  /admin/tenants/{name}/policy        (the semantic-cache policy)
+    PATCH /admin/tenants/{name}/policy {semantic_max_error_rate}
+                                             kvtoll tenant policy NAME --semantic-max-error-rate D
     GET  /admin/tenants/{name}/keys          kvtoll key list TENANT
     POST /admin/tenants/{name}/keys          kvtoll key create TENANT [--name --rpm --tpm]
     POST /admin/keys/{key_id}/revoke         kvtoll key revoke KEY_ID
@@ -48,6 +51,10 @@ class _Body(BaseModel):
 
 class TenantIn(_Body):
     name: Annotated[str, Strict()]
+
+
+class PolicyIn(_Body):
+    semantic_max_error_rate: Annotated[float, Strict(), Field(gt=0.0, lt=1.0)]
 
 
 class KeyIn(_Body):
@@ -119,6 +126,30 @@ def list_tenants(session: SessionDep) -> dict[str, Any]:
 @router.post("/tenants", status_code=201)
 def create_tenant(body: TenantIn, session: SessionDep) -> dict[str, Any]:
     return _tenant(accounts.create_tenant(session, body.name))
+
+
+def _policy(t: Tenant) -> dict[str, Any]:
+    return {"name": t.name, "semantic_threshold": t.semantic_threshold,
+            "semantic_allow_sampled": t.semantic_allow_sampled,
+            "semantic_max_error_rate": t.semantic_max_error_rate}  # fmt: skip
+
+
+@router.get("/tenants/{name}/policy")
+def get_policy(name: str, session: SessionDep) -> dict[str, Any]:
+    return _policy(accounts.require_tenant(session, name))
+
+
+@router.patch("/tenants/{name}/policy")
+def set_policy(name: str, body: PolicyIn, session: SessionDep) -> dict[str, Any]:
+    t = accounts.require_tenant(session, name)
+    accounts.set_tenant_policy(
+        session, name, semantic_threshold=t.semantic_threshold,
+        semantic_allow_sampled=t.semantic_allow_sampled, kv_reserved_blocks=t.kv_reserved_blocks,
+        kv_max_blocks=t.kv_max_blocks, semantic_max_entries=t.semantic_max_entries,
+        semantic_max_bytes=t.semantic_max_bytes,
+        semantic_max_error_rate=body.semantic_max_error_rate,
+    )  # fmt: skip
+    return _policy(t)
 
 
 @router.get("/tenants/{name}/keys")

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from proxy.hooks import SemanticCacheHook
-from proxy.semantic.types import SemanticAnswer, SemanticQuery
+from proxy.semantic.types import SemanticAnswer, SemanticProbe, SemanticQuery
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,24 @@ class BackgroundStores:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def check(self, query: SemanticQuery, probe: SemanticProbe, answer: SemanticAnswer) -> bool:
+        """Start comparing the engine's ``answer`` with ``probe`` (same cap as stores)."""
+        if len(self._tasks) >= self._limit:
+            self._shed()
+            return False
+        task = asyncio.create_task(self._check(query, probe, answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _check(
+        self, query: SemanticQuery, probe: SemanticProbe, answer: SemanticAnswer
+    ) -> None:
+        try:
+            await self._cache.check(query, probe, answer)
+        except Exception:
+            log.exception("semantic cache check failed")
 
     async def _store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
         try:

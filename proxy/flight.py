@@ -13,7 +13,7 @@ from billing.models import RequestStatus, ServedBy
 from proxy.intake import Prepared
 from proxy.metering import entry_to_json
 from proxy.progress import ProgressJournal
-from proxy.semantic.types import SemanticHit, SemanticQuery
+from proxy.semantic.types import SemanticHit, SemanticProbe, SemanticQuery
 from proxy.tally import Tally
 from proxy.upstream.base import Upstream, UpstreamRequest
 
@@ -30,6 +30,7 @@ class Flight:
     upstream_request: UpstreamRequest | None = None
     hit: SemanticHit | None = None
     query: SemanticQuery | None = None
+    probe: SemanticProbe | None = None  # a would-be hit answered here to check it
     metered: bool = field(default=False)
     relayed: bool = field(default=False)  # the relay started: its finally meters
     # crash-safe metering (proxy.progress): completion tokens and time last journaled

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticQuery
+from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticProbe, SemanticQuery
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
 
 if TYPE_CHECKING:
@@ -25,12 +25,20 @@ if TYPE_CHECKING:
 class SemanticCacheHook(Protocol):
     """The semantic cache as the gateway sees it."""
 
-    async def lookup(self, query: SemanticQuery) -> SemanticHit | None:
-        """A verified hit for ``query`` in its tenant's partition, or ``None``."""
+    async def lookup(self, query: SemanticQuery) -> SemanticHit | SemanticProbe | None:
+        """A verified hit for ``query`` in its tenant's partition, a would-be hit to
+        answer from the engine and check (explored, or held back by the error bound),
+        or ``None``."""
         ...
 
     async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
         """Remember ``answer`` for ``query`` (the cache may decline)."""
+        ...
+
+    async def check(
+        self, query: SemanticQuery, probe: SemanticProbe, answer: SemanticAnswer
+    ) -> None:
+        """Compare the engine's complete ``answer`` with ``probe``'s stored one (evidence)."""
         ...
 
 

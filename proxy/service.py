@@ -54,7 +54,13 @@ from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.progress import ProgressJournal
 from proxy.semantic.capacity import TenantCapacity
-from proxy.semantic.types import SemanticAnswer, SemanticChoice, SemanticHit, SemanticQuery
+from proxy.semantic.types import (
+    SemanticAnswer,
+    SemanticChoice,
+    SemanticHit,
+    SemanticProbe,
+    SemanticQuery,
+)
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
 from proxy.upstream.base import (
@@ -170,16 +176,18 @@ class Gateway:
         return reply
 
     async def _open(self, prep: Prepared, endpoint: str) -> Reply:
+        probe: SemanticProbe | None = None
         if self._semantic is not None:
             query = _query(prep)
             if not prep.no_cache:
-                hit = await self._semantic.lookup(query)
-                self._metrics.record_semantic_lookup(hit is not None)
-                if hit is not None:
-                    return self._semantic_reply(prep, endpoint, query, hit)
+                found = await self._semantic.lookup(query)
+                self._metrics.record_semantic_lookup(isinstance(found, SemanticHit))
+                if isinstance(found, SemanticHit):
+                    return self._semantic_reply(prep, endpoint, query, found)
+                probe = found  # explored or held back: the engine answers, billed as a miss
         else:
             query = None
-        return await self._upstream_reply(prep, endpoint, query)
+        return await self._upstream_reply(prep, endpoint, query, probe)
 
     def _semantic_reply(
         self, prep: Prepared, endpoint: str, query: SemanticQuery, hit: SemanticHit
@@ -192,8 +200,9 @@ class Gateway:
                      similarity=hit.similarity, abandon=partial(self._abandon, flight, source))
 
     async def _upstream_reply(
-        self, prep: Prepared, endpoint: str, query: SemanticQuery | None
-    ) -> Reply:
+        self, prep: Prepared, endpoint: str, query: SemanticQuery | None,
+        probe: SemanticProbe | None = None,
+    ) -> Reply:  # fmt: skip
         request = UpstreamRequest(
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
             salt=self._salt(prep.identity.tenant_id),
@@ -202,7 +211,7 @@ class Gateway:
                              prep.identity.kv_max_blocks),
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
-                         upstream_request=request, query=query)
+                         upstream_request=request, query=query, probe=probe)
         timer = StepTimer()
         try:
             upstream, first, stream = await self._connect(flight, request, timer)
@@ -374,10 +383,13 @@ class Gateway:
         )
 
     def _maybe_store(self, flight: Flight) -> None:
-        if (self._stores is None or flight.query is None or flight.prep.no_store
-                or not flight.tally.all_stopped()):
+        if self._stores is None or flight.query is None or not flight.tally.all_stopped():
             return
-        self._stores.offer(flight.query, _answer(flight.tally, flight.prep.admitted.prompt_tokens))
+        answer = _answer(flight.tally, flight.prep.admitted.prompt_tokens)
+        if flight.probe is not None:  # evidence for the error bound, even under no-store
+            self._stores.check(flight.query, flight.probe, answer)
+        if not flight.prep.no_store:
+            self._stores.offer(flight.query, answer)
 
     async def aclose(self) -> None:
         """Wait for background cache stores to finish."""
@@ -393,6 +405,7 @@ def _query(prep: Prepared) -> SemanticQuery:
         allow_sampled=prep.identity.semantic_allow_sampled,
         capacity=TenantCapacity(prep.identity.semantic_max_entries,
                                 prep.identity.semantic_max_bytes),
+        max_error_rate=prep.identity.semantic_max_error_rate,
     )
 
 

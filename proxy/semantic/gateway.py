@@ -5,7 +5,7 @@ app starts and closes."""
 from __future__ import annotations
 
 from proxy.semantic.service import SemanticCache
-from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticQuery
+from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticProbe, SemanticQuery
 
 
 class SemanticCacheAdapter:
@@ -16,12 +16,20 @@ class SemanticCacheAdapter:
         self.cache = cache
         self._follow = follow
 
-    async def lookup(self, query: SemanticQuery) -> SemanticHit | None:
-        """The cache's verified hit for ``query``, or None."""
-        return await self.cache.lookup(
+    async def lookup(self, query: SemanticQuery) -> SemanticHit | SemanticProbe | None:
+        """The cache's verified hit for ``query``, its probe (to check), or None."""
+        result = await self.cache.lookup_detailed(
             query.tenant_id, query.body, allow_sampled=query.allow_sampled,
             threshold=query.threshold, request_id=query.request_id,
-        )
+            max_error_rate=query.max_error_rate,
+        )  # fmt: skip
+        return result.hit or result.probe
+
+    async def check(
+        self, query: SemanticQuery, probe: SemanticProbe, answer: SemanticAnswer
+    ) -> None:
+        """Record whether the engine's answer confirmed the probe's stored one."""
+        await self.cache.check_probe(query.tenant_id, probe, tuple(c.text for c in answer.choices))
 
     async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
         """Offer a complete answer, stored as the OpenAI object a client received."""

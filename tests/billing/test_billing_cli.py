@@ -183,14 +183,17 @@ def test_tenant_policy_updates_only_the_given_fields(cli: CliRunner, sqlite_url:
     _ok(cli, "tenant", "policy", "acme", "--semantic-threshold", "0.9", "--allow-sampled")
     _ok(cli, "tenant", "policy", "acme", "--kv-reserved-blocks", "64")
     row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
-    assert row[1:2] + row[3:] == ["acme", "0.9", "True", "64", "-", "-", "-"]
+    assert row[1:2] + row[3:] == ["acme", "0.9", "True", "64", "-", "-", "-", "0.02"]
     _ok(cli, "tenant", "policy", "acme", "--default-threshold", "--no-allow-sampled")
     row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
-    assert row[3:] == ["-", "False", "64", "-", "-", "-"]
+    assert row[3:] == ["-", "False", "64", "-", "-", "-", "0.02"]
     _ok(cli, "tenant", "policy", "acme", "--kv-reserved-blocks", "32", "--kv-max-blocks", "100",
         "--semantic-max-entries", "500", "--semantic-max-bytes", "1000000")
     row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
-    assert row[5:] == ["32", "100", "500", "1000000"]
+    assert row[5:] == ["32", "100", "500", "1000000", "0.02"]
+    _ok(cli, "tenant", "policy", "acme", "--semantic-max-error-rate", "0.05")
+    row = _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")
+    assert row[5:] == ["32", "100", "500", "1000000", "0.05"]
     _ok(cli, "tenant", "policy", "acme", "--kv-max-blocks", "none")
     assert _ok(cli, "tenant", "list").stdout.splitlines()[1].split("\t")[6] == "-"
     for args, match in [
@@ -203,9 +206,16 @@ def test_tenant_policy_updates_only_the_given_fields(cli: CliRunner, sqlite_url:
         (("--kv-reserved-blocks", "64", "--kv-max-blocks", "10"), "at least kv_reserved"),
         (("--kv-max-blocks", "-3"), "kv_max_blocks must be in"),
         (("--semantic-max-entries", "0"), "positive integer"),
+        (("--semantic-max-error-rate", "0"), "(0, 1)"),
+        (("--semantic-max-error-rate", "1"), "(0, 1)"),
+        (("--semantic-max-error-rate", "-0.5"), "(0, 1)"),
+        (("--semantic-max-error-rate", "nan"), "finite"),
+        (("--semantic-max-error-rate", "often"), "must be a number"),
     ]:
         _assert_refused(cli, sqlite_url, "tenant", "policy", "acme", *args, match=match)
     _assert_refused(cli, sqlite_url, "tenant", "policy", "nobody", match="unknown tenant")
+    _assert_refused(cli, sqlite_url, "tenant", "policy", "nobody",
+                    "--semantic-max-error-rate", "0.05", match="unknown tenant")
     _assert_refused(cli, sqlite_url, "key", "create", "acme", "--tpm", "lots", match="number")
 
 

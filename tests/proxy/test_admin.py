@@ -110,3 +110,25 @@ def test_admin_api_without_a_token_answers_503_like_the_web_admin(
         if status == 503:
             error = response.json()["error"]
             assert error["code"] == "admin_disabled" and "KVTOLL_ADMIN_TOKEN" in error["message"]
+
+
+def test_tenant_error_bound_policy(admin: httpx.Client) -> None:
+    assert admin.post("/admin/tenants", json={"name": "acme"}).status_code == 201
+    assert admin.get("/admin/tenants/acme/policy").json()["semantic_max_error_rate"] == 0.02
+    changed = admin.patch("/admin/tenants/acme/policy", json={"semantic_max_error_rate": 0.05})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["semantic_max_error_rate"] == 0.05
+    for body, status in (({"semantic_max_error_rate": 0}, 400),
+                         ({"semantic_max_error_rate": 1}, 400),
+                         ({"semantic_max_error_rate": 1.5}, 400),
+                         ({"semantic_max_error_rate": "0.1"}, 400),
+                         ({"semantic_max_error_rate": 0.1, "x": 1}, 400), ({}, 400)):
+        response = admin.patch("/admin/tenants/acme/policy", json=body)
+        assert response.status_code == status, (body, response.text)
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    missing = admin.patch("/admin/tenants/nobody/policy", json={"semantic_max_error_rate": 0.1})
+    assert missing.status_code == 404
+    assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+    assert admin.get("/admin/tenants/nobody/policy").status_code == 404
+    assert admin.get("/admin/tenants/acme/policy").json()["semantic_max_error_rate"] == 0.05
+    assert [t["name"] for t in admin.get("/admin/tenants").json()["data"]] == ["acme"]
