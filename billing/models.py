@@ -37,7 +37,7 @@ TenantId = NewType("TenantId", int)
 ApiKeyId = NewType("ApiKeyId", str)
 PriceId = NewType("PriceId", int)
 
-DEFAULT_SEMANTIC_MAX_ERROR_RATE = 0.02  # a tenant's semantic-cache error bound by default
+DEFAULT_SEMANTIC_MAX_ERROR_RATE = 0.02  # tenants.semantic_max_error_rate's server default
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -115,9 +115,7 @@ class Tenant(Base):
     semantic_max_entries: Mapped[int | None] = mapped_column(Integer, nullable=True)
     semantic_max_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The semantic cache's error bound, in (0, 1) (proxy/semantic/bound.py).
-    semantic_max_error_rate: Mapped[float] = mapped_column(
-        Float, default=DEFAULT_SEMANTIC_MAX_ERROR_RATE, server_default="0.02"
-    )
+    semantic_max_error_rate: Mapped[float] = mapped_column(Float, server_default="0.02")
 
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 
