@@ -41,7 +41,7 @@ import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from bench.economics_accounting import LedgerRow, SentRequest, join, report
+from bench.economics_accounting import Joined, LedgerRow, SentRequest, join, report
 from bench.economics_load import LoadConfig, PlannedRequest, build_load
 
 DATA = Path("/work/shared/data")
@@ -212,6 +212,17 @@ def send_all(gateway: Gateway, keys: dict[str, str], model: str,
     return sent
 
 
+def semantic_detail(load: list[PlannedRequest], sent: list[SentRequest],
+                    joined: list[Joined]) -> list[dict[str, Any]]:
+    """Each request perfect caches would serve from the semantic cache, or that was: its
+    question, class, how it was served and whether the hit was wrong."""
+    text_of = {s.request_id: p.messages[-1][1][:120] for p, s in zip(load, sent, strict=True)}
+    return [{"tenant": j.sent.tenant, "question": text_of[j.sent.request_id],
+             "class": j.sent.question_class, "cache": j.sent.cache,
+             "perfect_semantic": j.ideal.semantic, "wrong_hit": j.wrong_hit}
+            for j in joined if j.ideal.semantic or j.sent.cache == "semantic"]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.api.tokenizers import tokenizer_from_path
     from engine.loader.bundled import bundled_model_path
@@ -255,6 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_s": round(load_s, 1), "wall_s": round(time.perf_counter() - began, 1),
             "ledger_sql_totals": ledger.sql_totals(),
             **report(joined),
+            "semantic_requests": semantic_detail(load, sent, joined),
             "goal": {"savings_fraction_of_perfect_at_least": 0.95,
                      "wrong_semantic_hit_share_at_most": 0.02},
         }
