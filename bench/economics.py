@@ -255,6 +255,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 gateway.close()
         joined, missing = join(sent, rows, BLOCK_SIZE, ledger.price())
         mismatched = sum(len(j.sent.prompt_ids) != j.row.prompt_tokens for j in joined)
+        summary, totals = report(joined), ledger.sql_totals()
+        summary["sql_totals_match"] = all(
+            summary["tenants"][t][k] == totals[t][k] for t in totals
+            for k in ("list_pico", "billed_pico")) and set(totals) == set(summary["tenants"])
         out: dict[str, Any] = {
             "config": {k: v for k, v in vars(args).items() if k not in ("out", "database_url")},
             "model": model, "block_size": BLOCK_SIZE,
@@ -264,8 +268,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "requests_without_ledger_row": len(missing),
             "prompt_token_count_mismatches": mismatched,
             "load_s": round(load_s, 1), "wall_s": round(time.perf_counter() - began, 1),
-            "ledger_sql_totals": ledger.sql_totals(),
-            **report(joined),
+            "ledger_sql_totals": totals,
+            **summary,
             "semantic_requests": semantic_detail(load, sent, joined),
             "goal": {"savings_fraction_of_perfect_at_least": 0.95,
                      "wrong_semantic_hit_share_at_most": 0.02},
