@@ -219,7 +219,8 @@ def semantic_detail(load: list[PlannedRequest], sent: list[SentRequest],
     text_of = {s.request_id: p.messages[-1][1][:120] for p, s in zip(load, sent, strict=True)}
     return [{"tenant": j.sent.tenant, "question": text_of[j.sent.request_id],
              "class": j.sent.question_class, "cache": j.sent.cache,
-             "perfect_semantic": j.ideal.semantic, "wrong_hit": j.wrong_hit}
+             "perfect_semantic": j.ideal.semantic, "repeat": j.ideal.repeat,
+             "wrong_hit": j.wrong_hit}
             for j in joined if j.ideal.semantic or j.sent.cache == "semantic"]
 
 

@@ -68,6 +68,7 @@ class Ideal:
     cached_tokens: int  # whole blocks
     cached_tokens_token_level: int
     semantic: bool
+    repeat: bool = False  # the same prompt was sent before (else a paraphrase, if semantic)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -88,7 +89,8 @@ def perfect_caches(requests: Sequence[SentRequest], block_size: int) -> list[Ide
     for r in requests:
         lcp = max((common_prefix(r.prompt_ids, p) for p in earlier[r.tenant]), default=0)
         out.append(Ideal(lcp // block_size * block_size, lcp,
-                         r.question_class in answered[r.tenant]))
+                         r.question_class in answered[r.tenant],
+                         r.prompt_ids in earlier[r.tenant]))
         earlier[r.tenant].append(r.prompt_ids)
         if r.finish_reason == COMPLETE:
             answered[r.tenant].add(r.question_class)
@@ -204,6 +206,9 @@ def summarize(joined: Sequence[Joined]) -> dict[str, Any]:
         "semantic_hits": len(hits),
         "semantic_cacheable": len(cacheable),
         "semantic_cacheable_served": sum(j.actual_semantic for j in cacheable),
+        "semantic_cacheable_repeats": sum(j.ideal.repeat for j in cacheable),
+        "semantic_cacheable_repeats_served": sum(
+            j.ideal.repeat and j.actual_semantic for j in cacheable),
         "wrong_semantic_hits": wrong,
         "wrong_semantic_hit_share": _fraction(wrong, len(hits)),
         "missing_savings_pico": {

@@ -48,7 +48,7 @@ def test_prefix_ideal_is_the_longest_earlier_prefix_of_the_same_tenant_in_whole_
     ideals = perfect_caches(reqs, block_size=16)
     assert [(i.cached_tokens, i.cached_tokens_token_level) for i in ideals] == [
         (0, 0), (32, 35), (0, 0), (32, 40), (0, 0)]
-    assert not any(i.semantic for i in ideals)
+    assert not any(i.semantic or i.repeat for i in ideals)
 
 
 def test_semantic_ideal_needs_an_earlier_complete_answer_to_the_same_question() -> None:
@@ -99,6 +99,7 @@ def test_join_rates_the_ledger_rows_token_counts_at_the_ideal() -> None:
     assert out["savings_fraction_of_perfect"] == round((1420 - 874) / (1420 - 592), 4)
     assert out["semantic_hits"] == 1
     assert (out["semantic_cacheable"], out["semantic_cacheable_served"]) == (2, 1)
+    assert (out["semantic_cacheable_repeats"], out["semantic_cacheable_repeats_served"]) == (1, 1)
     assert out["wrong_semantic_hits"] == 0
     assert out["wrong_semantic_hit_share"] == 0.0
     assert out["missing_savings_pico"] == {
