@@ -6,7 +6,11 @@ on ...``) and in ``GET /v1/models`` (``data[i].kvtoll.dtype``); the trial agrees
 all four say the same. By default every trial gets a fresh ``XDG_CACHE_HOME``, so no
 persisted probe result exists and the two workers race to measure it (the probe's
 file lock is what makes them agree); ``--keep-probe`` shares one cache directory over
-all trials instead (the steady state of a machine). Prints one JSON object: each
+all trials instead (the steady state of a machine). The built native kernels and the
+dequantized weights (``kvtoll/kernels``, ``kvtoll/weights``) are shared by every trial
+through links to the machine's own (``$XDG_CACHE_HOME``, else ``~/.cache``), so only
+the probe file is new and a trial costs two starts, not a C++ build and a GGUF
+dequantization each. Prints one JSON object: each
 trial's four readings and ``agreed`` as "N/TRIALS".
 
     .venv/bin/python bench/dtype_agreement.py --trials 10
@@ -74,6 +78,19 @@ def _listed_dtype(port: int, timeout_s: float) -> str | None:
     return None
 
 
+SHARED_CACHES = ("kernels", "weights")
+
+
+def _fresh_cache_home(cache_home: Path, shared: Path) -> None:
+    """``cache_home/kvtoll`` with the shared build and weight caches linked in."""
+    (cache_home / "kvtoll").mkdir(parents=True, exist_ok=True)
+    for name in SHARED_CACHES:
+        (shared / "kvtoll" / name).mkdir(parents=True, exist_ok=True)
+        link = cache_home / "kvtoll" / name
+        if not link.exists():
+            link.symlink_to(shared / "kvtoll" / name, target_is_directory=True)
+
+
 def trial(model: str | None, cache_home: Path, workdir: Path, timeout_s: float) -> dict[str, Any]:
     ports = [_free_port(), _free_port()]
     logs = [workdir / f"worker{i}.log" for i in range(2)]
@@ -106,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="kvtoll-dtype-") as tmp:
         root = Path(tmp)
+        shared = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         for i in range(args.trials):
             cache_home = root / ("cache" if args.keep_probe else f"cache{i}")
+            _fresh_cache_home(cache_home, shared)
             workdir = root / f"trial{i}"
             workdir.mkdir()
             results.append(trial(args.model, cache_home, workdir, args.timeout))
