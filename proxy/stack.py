@@ -240,7 +240,7 @@ def _load_semantic_cache(settings: Settings) -> SemanticCache:
     from proxy.semantic.factory import build_semantic_cache
 
     with start_phase("semantic cache (embedder load)"):
-        return build_semantic_cache(settings.redis_url)
+        return build_semantic_cache(settings.redis_url, verifier=settings.semantic_verifier)
 
 
 def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Session],

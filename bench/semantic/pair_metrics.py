@@ -74,3 +74,40 @@ def precision_views(
             "own_pair_label_0": own - correct,
         },
     }
+
+
+def average_precision(scores: Sequence[float] | Any, labels: Sequence[int] | Any) -> float:
+    """Mean of the precision at each positive's rank, pairs ranked by score (ties in
+    input order); scikit-learn's ``average_precision_score`` without interpolation."""
+    import numpy as np
+
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if not y.sum():
+        raise ValueError("average precision needs a positive")
+    order = np.argsort(-s, kind="stable")
+    hits = np.cumsum(y[order])
+    ranks = np.arange(1, len(y) + 1)
+    return float(np.sum((hits / ranks)[y[order] == 1]) / y.sum())
+
+
+def roc_auc(scores: Sequence[float] | Any, labels: Sequence[int] | Any) -> float:
+    """Probability that a random positive outscores a random negative (ties count half)."""
+    import numpy as np
+
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    positives, negatives = int(y.sum()), int(len(y) - y.sum())
+    if not positives or not negatives:
+        raise ValueError("ROC AUC needs both labels")
+    order = np.argsort(s, kind="stable")
+    ordered = s[order]
+    ranks = np.empty(len(s), dtype=np.float64)
+    start = 0
+    while start < len(s):  # tied scores share the mean of their ranks
+        end = start
+        while end + 1 < len(s) and ordered[end + 1] == ordered[start]:
+            end += 1
+        ranks[order[start : end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))

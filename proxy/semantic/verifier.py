@@ -1,7 +1,11 @@
 """Calibrated decision: is a cached prompt a correct stand-in for the query?
 
-Policy
-------
+Two verifiers implement :class:`Verifier`: :class:`CrossEncoderVerifier` (the default,
+see its docstring: a cross-encoder re-scores the index's candidates) and
+:class:`LogisticVerifier` (selectable: guard features, no second model), described here.
+
+Policy (logistic)
+-----------------
 score = sigmoid(w · standardise(features(sim, query, prompt)) + b), a logistic
 regression over the guard features of :mod:`proxy.semantic.features`. The weights
 ship in ``data/verifier_weights.json`` (trained by ``bench/semantic_train.py`` on the
@@ -34,6 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from proxy.semantic.cross_encoder import CrossEncoder, Precision, load_shipped
 from proxy.semantic.features import FEATURE_NAMES, Parsed, build_lexicon, features, parse
 
 WEIGHTS_FILE = "verifier_weights.json"
@@ -180,6 +185,79 @@ class LogisticVerifier:
             for n, p in zip(slots, probs.tolist(), strict=True):
                 out[n] = p
         return out
+
+
+class CrossEncoderVerifier:
+    """Second stage: a cross-encoder re-scores the embedding index's candidates.
+
+    The index's top-k candidates at or above ``min_similarity`` (a recall-first cosine
+    floor fitted on the calib split) are scored by reading query and cached prompt
+    together (:class:`proxy.semantic.cross_encoder.CrossEncoder`): one forward pass per
+    length bucket for all candidates of a query. The score is the Platt-calibrated
+    probability that the two are the same question; the default threshold was chosen on
+    the calib split. As in :class:`LogisticVerifier`, an exact repeat (case, spacing and
+    final punctuation aside) scores 1 and a different arithmetic operator scores 0,
+    without running the model. The similarity does not enter the score.
+    """
+
+    def __init__(
+        self,
+        model: CrossEncoder,
+        *,
+        threshold: float | None = None,
+        min_similarity: float | None = None,
+    ) -> None:
+        self._model = model
+        self._threshold = model.config.threshold if threshold is None else threshold
+        self._min_similarity = (
+            model.config.min_similarity if min_similarity is None else min_similarity
+        )
+
+    @property
+    def model(self) -> CrossEncoder:
+        return self._model
+
+    @property
+    def default_threshold(self) -> float:
+        return self._threshold
+
+    @property
+    def min_similarity(self) -> float:
+        return self._min_similarity
+
+    def score(self, query: str, prompt: str, similarity: float) -> float:
+        """Probability that ``prompt``'s answer is a correct answer to ``query``."""
+        return self.score_many(query, [(prompt, similarity)])[0]
+
+    def score_many(self, query: str, candidates: Sequence[tuple[str, float]]) -> list[float]:
+        """:meth:`score` of each ``(prompt, similarity)``, the model run once."""
+        return self.score_pairs([(query, prompt) for prompt, _ in candidates])
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """Scores of ``(query, prompt)`` pairs of any queries, batched together (a bench,
+        or a caller comparing answers with answers)."""
+        out = [-1.0] * len(pairs)
+        todo: list[int] = []
+        for n, (query, prompt) in enumerate(pairs):
+            if _operators(prompt) != _operators(query):
+                out[n] = 0.0
+            elif _normalised(query) and _normalised(prompt) == _normalised(query):
+                out[n] = 1.0
+            else:
+                todo.append(n)
+        if todo:
+            probs = self._model.probabilities([pairs[n] for n in todo])
+            for n, p in zip(todo, probs.tolist(), strict=True):
+                out[n] = float(p)
+        return out
+
+
+def load_cross_encoder_verifier(
+    directory: Path | None = None, *, precision: Precision = "int8"
+) -> CrossEncoderVerifier:
+    """The shipped cross-encoder (or the export in ``directory``) as a verifier."""
+    config, arrays = load_shipped(directory)
+    return CrossEncoderVerifier(CrossEncoder(config, arrays, precision=precision))
 
 
 # Arithmetic and comparison symbols that are not part of a word ("e-mail" keeps its hyphen).

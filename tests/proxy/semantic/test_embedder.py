@@ -56,3 +56,44 @@ def test_concurrent_calls_from_limited_worker_threads(
     assert len(results) == 36
     for i, vector in results:
         np.testing.assert_allclose(vector, expected[i], atol=1e-5)
+
+
+MIXED = [
+    "hi",
+    "What is the capital of France and why do so many tourists visit it every summer?",
+    "How do I learn Java fast?",
+    "Why are the 1990s considered the best decade for music by so many people around the world?",
+]
+
+
+def test_a_texts_vector_does_not_depend_on_its_batch(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """Issue 23 item 7: int8 activations are quantized per row and each text runs at its
+    own padded length, so alone, first or last in a mixed batch it gets one vector."""
+    for text in TEXTS:
+        alone = embedder.embed([text])[0]
+        first = embedder.embed([text, *MIXED])[0]
+        last = embedder.embed([*MIXED, text])[-1]
+        np.testing.assert_allclose(first, alone, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(last, alone, atol=1e-6, rtol=0)
+
+
+def test_torch_dynamic_quantization_would_depend_on_the_batch() -> None:
+    """The peer this replaced: one activation scale per batch moves a text's vector
+    (so the test above can tell the difference)."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    eager = SentenceTransformerEmbedder(EmbedderSpec(quantize=False, trace=False))
+    bert = quantize_dynamic(eager._bert, {torch.nn.Linear}, dtype=torch.qint8)
+    tok = eager._tokenizer
+
+    def first_row(texts: list[str]) -> np.ndarray:
+        enc = tok(texts, padding=True, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = bert(**enc).last_hidden_state[0]
+        return hidden[: int(enc["attention_mask"][0].sum())].mean(0).numpy()
+
+    alone, inside = first_row([TEXTS[1]]), first_row([TEXTS[1], *MIXED])
+    assert float(np.abs(alone - inside).max()) > 1e-3
