@@ -1,6 +1,8 @@
 """``kvtoll bench``: the benchmark command group (each command prints JSON figures).
 
     kvtoll bench semantic --pairs FILE ...   precision, recall and lookup latency on pairs
+    kvtoll bench semantic --stream --pairs FILE --max-error-rate D [--plot P]
+                                             the error bound on a shuffled prompt stream
     kvtoll bench routing --trace FILE ...    a Mooncake trace through a simulated fleet
 
 The root CLI (:mod:`kvtoll.cli.main`) adds :data:`app` as ``bench`` when it is built;
@@ -35,12 +37,30 @@ def semantic_command(
         bool, typer.Option("--heldout-only", help="query only the QQP pairs held out of training")
     ] = False,
     candidates: Annotated[int, typer.Option(help="nearest entries the verifier scores")] = 4,
+    stream: Annotated[
+        bool, typer.Option("--stream", help="replay the pairs as a shuffled prompt stream")
+    ] = False,
+    max_error_rate: Annotated[
+        float, typer.Option("--max-error-rate", help="--stream: the error bound, in (0, 1)")
+    ] = 0.02,
+    explore_rate: Annotated[
+        float, typer.Option("--explore-rate", help="--stream: share of would-be hits explored")
+    ] = 0.1,
+    repeat_rate: Annotated[
+        float, typer.Option("--repeat-rate", help="--stream: P(exact repeat after a prompt)")
+    ] = 0.25,
+    seed: Annotated[int, typer.Option("--seed", help="--stream: shuffle and exploration seed")] = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="draw the figures (PNG)")] = None,
 ) -> None:
-    """Fill a fresh cache with every text_a, query every text_b, print one JSON object."""
+    """Fill a fresh cache with every text_a, query every text_b, print one JSON object
+    (``--stream``: the error bound against the fixed threshold on a prompt stream)."""
     from bench.semantic.evaluate import read_pairs, run_pair_bench_sync
 
     if not pairs.is_file():
         fail(f"--pairs: no such file: {pairs}")
+    if stream:
+        _stream_command(pairs, limit, max_error_rate, explore_rate, repeat_rate, seed, plot)
+        return
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         fail("--threshold must be between 0 and 1")
     if (limit is not None and limit < 1) or not 1 <= candidates <= MAX_CANDIDATES:
@@ -53,6 +73,31 @@ def semantic_command(
     report = run_pair_bench_sync(
         rows, threshold=threshold, heldout_only=heldout_only, candidates=candidates
     )
+    typer.echo(json.dumps(report))
+
+
+def _stream_command(pairs: Path, limit: int | None, max_error_rate: float, explore_rate: float,
+                    repeat_rate: float, seed: int, plot: Path | None) -> None:  # fmt: skip
+    from bench.semantic.evaluate import read_pairs
+    from bench.semantic.stream import StreamConfig, plot_stream, run_stream_bench_sync
+
+    if not 0.0 < max_error_rate < 1.0:
+        fail(f"--max-error-rate must be in (0, 1), got {max_error_rate}")
+    if not 0.0 <= explore_rate <= 1.0 or not 0.0 <= repeat_rate < 1.0:
+        fail("--explore-rate must be in [0, 1] and --repeat-rate in [0, 1)")
+    if limit is not None and limit < 1:
+        fail("--limit must be positive")
+    if plot is not None and not plot.parent.is_dir():
+        fail(f"--plot: no such directory: {plot.parent}")
+    try:
+        rows = read_pairs(pairs)
+    except (ValueError, UnicodeDecodeError) as exc:
+        fail(str(exc))
+    config = StreamConfig(max_error_rate, explore_rate, repeat_rate, seed)
+    report = run_stream_bench_sync(rows[:limit] if limit else rows, config)
+    if plot is not None:
+        plot_stream(report, plot)
+        report["plot"] = str(plot)
     typer.echo(json.dumps(report))
 
 

@@ -242,6 +242,13 @@ class SemanticCache:
                     for a, b in zip(probe.stored_texts, fresh_texts, strict=False)]  # fmt: skip
         correct = answers_agree(probe.stored_texts, fresh_texts, exact=probe.exact_compare,
                                 verifier=self._verifier, similarities=sims)  # fmt: skip
+        await self.record_check(tenant_id, probe, correct)
+        return correct
+
+    async def record_check(
+        self, tenant_id: str | int, probe: SemanticProbe, correct: bool
+    ) -> None:
+        """Record the outcome of a probe's check (whoever compared the answers)."""
         await self.observe(tenant_id, probe.entry_id, probe.score, correct)
         tenant = self.stats.tenant(str(tenant_id))
         if probe.explored:
@@ -249,7 +256,6 @@ class SemanticCache:
             tenant.explored_wrong += not correct
         else:
             tenant.held_back_wrong += not correct
-        return correct
 
     def _threshold(self, tenant_threshold: float | None) -> float:
         if tenant_threshold is not None:
