@@ -37,8 +37,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as ``python bench/economics.py``: the repo root, for bench.*
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as ``python bench/economics.py``: the repo root, for
+    # bench.*, in place of bench/ itself (whose kernels.py would shadow the ``kernels``
+    # package that transformers imports for the embedder)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx
 from sqlalchemy import create_engine, text
@@ -264,7 +266,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         summary, totals = report(joined), ledger.sql_totals()
         replayed: dict[str, str] = {}
         if args.diagnose:
-            replayed, summary["semantic_replay"] = replay_semantic(load, sent, joined, model)
+            try:  # a diagnosis only: its failure must not lose the ledger's figures
+                replayed, summary["semantic_replay"] = replay_semantic(load, sent, joined, model)
+            except Exception as exc:
+                summary["semantic_replay"] = {"error": f"{type(exc).__name__}: {exc}"}
         summary["sql_totals_match"] = all(
             summary["tenants"][t][k] == totals[t][k] for t in totals
             for k in ("list_pico", "billed_pico")) and set(totals) == set(summary["tenants"])
