@@ -13,8 +13,11 @@ billed as cached, in whole KV blocks; every paraphrase or repeat of a complete a
 billed as a semantic hit). Reported per tenant and in total: ``savings_fraction_of_perfect``
 (actual savings / perfect savings), semantic hits, the cacheable requests served from
 the cache, wrong semantic hits (count and share of hits) and the missing savings by
-layer. Goal (issue 23): >= 0.95 of perfect savings, wrong hits <= 2% of semantic hits.
-Prints one JSON object; ``--out FILE`` also writes it.
+layer; and (``--no-diagnose`` skips it) the requests replayed through a fresh semantic
+cache (:mod:`bench.economics_diagnose`), which names the L3 stage that turned each missed
+paraphrase away (embedding: no candidate; verifier: candidates rejected). Goal (issue
+23): >= 0.95 of perfect savings, wrong hits <= 2% of semantic hits. Prints one JSON
+object; ``--out FILE`` also writes it.
 
     export $(/work/shared/tools/ensure-services.sh | xargs)   # KVTOLL_TEST_DATABASE_URL
     PYTHONPATH=. .venv/bin/python bench/economics.py --out bench/figures/issue23_economics.json
@@ -34,14 +37,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as ``python bench/economics.py``: the repo root, for bench.*
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as ``python bench/economics.py``: the repo root, for
+    # bench.*, in place of bench/ itself (whose kernels.py would shadow the ``kernels``
+    # package that transformers imports for the embedder)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from bench.economics_accounting import Joined, LedgerRow, SentRequest, join, report
+from bench.economics_diagnose import replay_semantic
 from bench.economics_load import LoadConfig, PlannedRequest, build_load
 
 DATA = Path("/work/shared/data")
@@ -212,15 +218,16 @@ def send_all(gateway: Gateway, keys: dict[str, str], model: str,
     return sent
 
 
-def semantic_detail(load: list[PlannedRequest], sent: list[SentRequest],
-                    joined: list[Joined]) -> list[dict[str, Any]]:
+def semantic_detail(load: list[PlannedRequest], sent: list[SentRequest], joined: list[Joined],
+                    replayed: dict[str, str]) -> list[dict[str, Any]]:
     """Each request perfect caches would serve from the semantic cache, or that was: its
-    question, class, how it was served and whether the hit was wrong."""
+    question, class, how it was served, whether the hit was wrong, and the replayed
+    lookup's reason (:mod:`bench.economics_diagnose`)."""
     text_of = {s.request_id: p.messages[-1][1][:120] for p, s in zip(load, sent, strict=True)}
     return [{"tenant": j.sent.tenant, "question": text_of[j.sent.request_id],
              "class": j.sent.question_class, "cache": j.sent.cache,
              "perfect_semantic": j.ideal.semantic, "repeat": j.ideal.repeat,
-             "wrong_hit": j.wrong_hit}
+             "wrong_hit": j.wrong_hit, "replayed_l3": replayed.get(j.sent.request_id)}
             for j in joined if j.ideal.semantic or j.sent.cache == "semantic"]
 
 
@@ -257,6 +264,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         joined, missing = join(sent, rows, BLOCK_SIZE, ledger.price())
         mismatched = sum(len(j.sent.prompt_ids) != j.row.prompt_tokens for j in joined)
         summary, totals = report(joined), ledger.sql_totals()
+        replayed: dict[str, str] = {}
+        if args.diagnose:
+            try:  # a diagnosis only: its failure must not lose the ledger's figures
+                replayed, summary["semantic_replay"] = replay_semantic(load, sent, joined, model)
+            except Exception as exc:
+                summary["semantic_replay"] = {"error": f"{type(exc).__name__}: {exc}"}
         summary["sql_totals_match"] = all(
             summary["tenants"][t][k] == totals[t][k] for t in totals
             for k in ("list_pico", "billed_pico")) and set(totals) == set(summary["tenants"])
@@ -271,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_s": round(load_s, 1), "wall_s": round(time.perf_counter() - began, 1),
             "ledger_sql_totals": totals,
             **summary,
-            "semantic_requests": semantic_detail(load, sent, joined),
+            "semantic_requests": semantic_detail(load, sent, joined, replayed),
             "goal": {"savings_fraction_of_perfect_at_least": 0.95,
                      "wrong_semantic_hit_share_at_most": 0.02},
         }
@@ -300,6 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cached-input-price", default="0.5")
     p.add_argument("--output-price", default="4")
     p.add_argument("--semantic-fraction", default="0.1")
+    p.add_argument("--no-diagnose", dest="diagnose", action="store_false",
+                   help="skip replaying the requests through a fresh semantic cache")
     p.add_argument("--out", default="", help="also write the JSON object to this file")
     args = p.parse_args(argv)
     if not args.database_url.startswith("postgresql"):
