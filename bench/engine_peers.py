@@ -7,15 +7,17 @@ before the next starts. A benchmark helper for :mod:`bench.engine_throughput`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench.engine_http import prefix_ttft, run_workload, text_agreement, warm_up
 from bench.engine_servers import ServerSpec, kvtoll_spec, serving, vllm_available, vllm_spec
 
-HTTP_PEERS = ("kvtoll", "vllm")
+HTTP_PEERS = ("kvtoll", "kvtoll-int8", "vllm")
 PREFIX_TOKENS = 1024
 
 
@@ -35,15 +37,31 @@ def cpu_description() -> dict[str, Any]:
     }
 
 
+@contextmanager
+def cpu_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the body (the lock every measured
+    run on a shared machine takes, as ``flock PATH command`` does); None: no lock."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _spec(name: str, dtype: str, log_dir: Path, cpus: str) -> ServerSpec:
     if name == "kvtoll":
         return kvtoll_spec(dtype, log_dir)
+    if name == "kvtoll-int8":
+        return kvtoll_spec(dtype, log_dir, linear_quant="int8")
     return vllm_spec(dtype, log_dir, cpus)
 
 
 async def _measure(spec: ServerSpec, prompts: Sequence[Sequence[int]],
                    max_tokens: Sequence[int]) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
-    await warm_up(spec.endpoint)
     figures, texts = await run_workload(spec.endpoint, prompts, max_tokens)
     figures["prefix_reuse"] = await prefix_ttft(spec.endpoint, PREFIX_TOKENS)
     return figures, texts
@@ -56,9 +74,12 @@ def run_http_peers(
     max_tokens: Sequence[int],
     log_dir: Path,
     cpus: str = "0-1",
+    lock: Path | None = None,
 ) -> dict[str, Any]:
     """Each named server's figures (or why it was skipped), in order, and the greedy
-    answers' agreement of every later server with the first one measured."""
+    answers' agreement of every later server with the first one measured. With
+    ``lock``, each server starts (vLLM compiles for minutes) and warms up without it
+    and is measured holding it (:func:`cpu_lock`)."""
     out: dict[str, Any] = {}
     texts: dict[str, list[str]] = {}
     for name in names:
@@ -70,7 +91,9 @@ def run_http_peers(
             continue
         spec = _spec(name, dtype, log_dir, cpus)
         with serving(spec) as startup_s:
-            figures, texts[name] = asyncio.run(_measure(spec, prompts, max_tokens))
+            asyncio.run(warm_up(spec.endpoint))
+            with cpu_lock(lock):
+                figures, texts[name] = asyncio.run(_measure(spec, prompts, max_tokens))
         figures["startup_s"] = round(startup_s, 1)
         out[name] = figures
     measured = list(texts)

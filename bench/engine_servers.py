@@ -2,7 +2,7 @@
 each started as its own process on a free port and stopped before the next starts:
 
 * ``kvtoll``: ``kvtoll worker`` on the bundled SmolLM2 GGUF (this checkout's code);
-* ``vllm``: ``vllm serve`` from the virtual environment ``bench/install_peers.sh``
+* ``vllm``: vLLM's OpenAI API server from the virtual environment ``bench/install_peers.sh``
   makes (``.bench-peers/vllm``), on the Hugging Face copy of the same GGUF that the
   script converts (``.bench-peers/smollm2-hf``), as the issue says it serves here:
   ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, OpenMP threads bound to cores 0-1,
@@ -63,24 +63,26 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def kvtoll_spec(dtype: str, log_dir: Path) -> ServerSpec:
+def kvtoll_spec(dtype: str, log_dir: Path, linear_quant: str = "none") -> ServerSpec:
+    """``kvtoll worker``; ``linear_quant="int8"``: its labelled quantized path."""
     port = free_port()
     cmd = [
         str(Path(sys.executable).parent / "kvtoll"), "worker", "--port", str(port),
         "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
         "--kv-cache-mb", str(KV_CACHE_GIB * 1024), "--max-num-seqs", "64",
         "--max-batched-tokens", "512", "--served-model-name", MODEL_NAME,
-        "--worker-token", WORKER_TOKEN,
+        "--worker-token", WORKER_TOKEN, "--linear-quant", linear_quant,
     ]  # fmt: skip
     env = _base_env()
     env["PYTHONPATH"] = str(ROOT)
     endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", MODEL_NAME, WORKER_TOKEN)
-    return ServerSpec("kvtoll", cmd, env, endpoint, log_dir / "kvtoll-worker.log")
+    name = "kvtoll" if linear_quant == "none" else f"kvtoll-{linear_quant}"
+    return ServerSpec(name, cmd, env, endpoint, log_dir / f"{name}-worker.log")
 
 
 def vllm_available() -> str | None:
     """Why the vLLM peer cannot run here, or None if it can."""
-    if not (VLLM_VENV / "bin" / "vllm").exists():
+    if not (VLLM_VENV / "lib" / "python3.11" / "site-packages" / "vllm").is_dir():
         return f"no vLLM in {VLLM_VENV} (run bench/install_peers.sh)"
     if not (VLLM_MODEL / "config.json").exists():
         return f"no converted model in {VLLM_MODEL} (run bench/install_peers.sh)"
@@ -90,7 +92,10 @@ def vllm_available() -> str | None:
 def vllm_spec(dtype: str, log_dir: Path, cpus: str) -> ServerSpec:
     port = free_port()
     cmd = [
-        str(VLLM_VENV / "bin" / "vllm"), "serve", str(VLLM_MODEL), "--port", str(port),
+        # not the `vllm` script: it reads the version of a distribution named "vllm",
+        # and this one is "vllm-cpu" (PackageNotFoundError); the module does not
+        str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(VLLM_MODEL), "--port", str(port),
         "--host", "127.0.0.1", "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
         "--served-model-name", MODEL_NAME,
     ]  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 # (row label, where its figures are in the result)
 ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kvtoll (HTTP worker)", ("http", "kvtoll")),
+    ("kvtoll int8 linears, QUANTIZED (HTTP worker)", ("http", "kvtoll-int8")),
     ("vLLM-CPU (HTTP server)", ("http", "vllm")),
     ("kvtoll engine (in-process)", ("engine",)),
     ("HF transformers generate", ("hf_transformers",)),

@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from bench.engine_peers import cpu_description, run_http_peers
+from bench.engine_peers import cpu_description, cpu_lock, run_http_peers
+from bench.engine_servers import PEERS
 from bench.engine_table import chart, rows, table
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
@@ -310,9 +311,14 @@ def main() -> None:
     ap.add_argument(
         "--http", default="", metavar="PEERS",
         help="also measure these servers through the OpenAI HTTP API, one after the other: "
-        "comma-separated, of kvtoll (its worker) and vllm (bench/install_peers.sh vllm)",
+        "comma-separated, of kvtoll (its worker), kvtoll-int8 (the same with --linear-quant "
+        "int8, labelled quantized) and vllm (bench/install_peers.sh vllm)",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument(
+        "--cpu-lock", type=Path, metavar="PATH",
+        help="measure holding an exclusive flock on PATH (servers start and warm up without it)",
+    )  # fmt: skip
     ap.add_argument("--png", type=Path, help="and the bar chart (bench.engine_table) here")
     ap.add_argument("--dtypes", action="store_true", help="only compare float32 vs bfloat16 speed")
     ap.add_argument(
@@ -361,10 +367,29 @@ def main() -> None:
     }
     if args.http:
         names = [n.strip() for n in args.http.split(",") if n.strip()]
-        with tempfile.TemporaryDirectory(prefix="engine-http-") as logs:
-            result["http"] = run_http_peers(
-                names, args.dtype, work.prompts, work.max_tokens, Path(logs)
-            )
+        result["http"] = run_http_peers(
+            names, args.dtype, work.prompts, work.max_tokens, PEERS / "logs", lock=args.cpu_lock
+        )
+    with cpu_lock(args.cpu_lock):
+        in_process(args, loaded, config, work, result)
+    result["table"] = rows(result)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    if args.png:
+        chart(result, args.png)
+    print(text)
+    print(table(result), file=sys.stderr)
+
+
+def in_process(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    config: EngineConfig,
+    work: Workload,
+    result: dict[str, Any],
+) -> None:
+    """The figures measured in this process, into ``result``."""
     if not args.skip_engine:
         result["engine"] = run_engine(loaded, config, work)
     if not args.skip_hf:
@@ -374,14 +399,6 @@ def main() -> None:
     result["linear_bound"] = linear_bound(loaded, work)
     if not args.skip_engine:
         result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)
-    result["table"] = rows(result)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    if args.png:
-        chart(result, args.png)
-    print(text)
-    print(table(result), file=sys.stderr)
 
 
 if __name__ == "__main__":

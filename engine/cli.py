@@ -19,7 +19,12 @@ from typing import Annotated
 
 import typer
 
-from engine.config import DEFAULT_GPU_MEMORY_UTILIZATION, TINY_MODEL, EngineConfig
+from engine.config import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    LINEAR_QUANTS,
+    TINY_MODEL,
+    EngineConfig,
+)
 from engine.kv.tier.codec import TierMode
 from engine.kv.tier.config import TierConfig
 from engine.serving.app import WorkerConfig
@@ -54,6 +59,7 @@ def engine_config(
     cuda_graphs: bool = False,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     kv_tier: TierConfig | None = None,
+    linear_quant: str = "none",
 ) -> EngineConfig:
     """The engine's config from CLI values; ``ValueError`` names a bad one."""
     if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
@@ -63,6 +69,9 @@ def engine_config(
                          f"{attention_backend!r} (KVTOLL_ATTENTION_BACKEND)")  # fmt: skip
     if cuda_graphs and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graphs needs a CUDA device (--device cuda), not {device!r}")
+    if linear_quant not in LINEAR_QUANTS:
+        raise ValueError(f"--linear-quant must be one of {', '.join(LINEAR_QUANTS)}, "
+                         f"got {linear_quant!r}")  # fmt: skip
     extra: dict[str, object] = {}
     if dtype is not None:
         extra["dtype"] = dtype
@@ -83,6 +92,7 @@ def engine_config(
         cuda_graphs=cuda_graphs,
         gpu_memory_utilization=gpu_memory_utilization,
         kv_tier=kv_tier,
+        linear_quant=linear_quant,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -285,6 +295,11 @@ def register(app: typer.Typer) -> None:
                                      "KVTOLL_REDIS_URL), peer or off (default: "
                                      "KVTOLL_KV_SHARED or off)")
         ] = None,
+        linear_quant: Annotated[
+            str, typer.Option(help="Linear layers: none (the model's dtype), or int8 (CPU: "
+                              "int8 weights and dynamically quantized inputs; faster, not "
+                              "token-identical to bf16)")
+        ] = "none",
     ) -> None:
         """Run an engine worker: OpenAI API plus /kv/events and /load for the router.
 
@@ -319,6 +334,7 @@ def register(app: typer.Typer) -> None:
                 if gpu_memory_utilization is None
                 else gpu_memory_utilization,
                 kv_tier=tier,
+                linear_quant=linear_quant,
             )
             if not 0 < max_body_mb <= MAX_BODY_MB:  # NaN fails too
                 raise ValueError(f"--max-body-mb must be in (0, {MAX_BODY_MB}], got {max_body_mb}")

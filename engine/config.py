@@ -21,6 +21,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # Beyond these no machine has the memory, and block ids and positions stop fitting in
 # 32 bits: a value past one is a typo, refused before anything is allocated.
+LINEAR_QUANTS = ("none", "int8")
 UPPER_BOUNDS = {
     "block_size": 1024,
     "max_num_batched_tokens": 1 << 24,
@@ -66,6 +67,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None = torch default
     cuda_graphs: bool = False
     kv_tier: TierConfig | None = None  # tier 2 (engine.kv.tier); None: off
+    linear_quant: str = "none"  # "none" | "int8" (CPU; engine.model.int8_linear; not bf16-exact)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", check_device(self.device))
@@ -81,6 +83,11 @@ class EngineConfig:
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         check_utilization(self.gpu_memory_utilization)
+        if self.linear_quant not in LINEAR_QUANTS:
+            raise ValueError(f"linear_quant must be one of {', '.join(LINEAR_QUANTS)}, "
+                             f"got {self.linear_quant!r}")  # fmt: skip
+        if self.linear_quant != "none" and self.device != "cpu":
+            raise ValueError(f"linear_quant={self.linear_quant} runs on the CPU only")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
         for name, most in UPPER_BOUNDS.items():

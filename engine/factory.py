@@ -33,6 +33,7 @@ from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
 from engine.loader.bundled import bundled_model_path
 from engine.model.config import LlamaConfig
+from engine.model.int8_linear import quantize_linears
 from engine.model.llama import LlamaForCausalLM, stack_checkpoint
 from engine.model.packed_linear import best_packing, pack_linears
 from engine.runner import ModelRunner
@@ -73,7 +74,12 @@ def tiny_llama_config(vocab_size: int = ByteTokenizer.vocab_size) -> LlamaConfig
 
 
 def _build_model(
-    cfg: LlamaConfig, state: dict[str, torch.Tensor] | None, dtype: str, device: str, seed: int
+    cfg: LlamaConfig,
+    state: dict[str, torch.Tensor] | None,
+    dtype: str,
+    device: str,
+    seed: int,
+    linear_quant: str = "none",
 ) -> LlamaForCausalLM:
     with torch.device("meta" if state is not None else "cpu"):
         model = LlamaForCausalLM(cfg)
@@ -89,7 +95,9 @@ def _build_model(
     else:
         _init_tiny(model, seed)
     model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
-    if device == "cpu" and (packing := best_packing()) is not None:
+    if linear_quant == "int8":
+        quantize_linears(model)  # engine.model.int8_linear: the opt-in quantized path
+    elif device == "cpu" and (packing := best_packing()) is not None:
         pack_linears(model, packing)  # engine.model.packed_linear: its measurements
     return model
 
@@ -117,7 +125,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
     """Weights, architecture and tokenizer for ``config.model``."""
     if config.model == TINY_MODEL:
         cfg = tiny_llama_config()
-        model = _build_model(cfg, None, config.dtype, config.device, config.seed)
+        model = _build_model(
+            cfg, None, config.dtype, config.device, config.seed, config.linear_quant
+        )
         return LoadedModel(TINY_MODEL, cfg, model, ByteTokenizer())
     path = Path(config.model) if config.model else bundled_model_path()
     if path.is_dir():
@@ -130,7 +140,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
         cfg, state, tok = load_gguf(path)
     else:
         raise ValueError(f"model: {path} is neither a .gguf file nor a safetensors directory")
-    model = _build_model(cfg, state, config.dtype, config.device, config.seed)
+    model = _build_model(
+        cfg, state, config.dtype, config.device, config.seed, config.linear_quant
+    )
     name = config.served_model_name or (path.name if path.is_dir() else path.stem)
     return LoadedModel(name, cfg, model, tok)
 

@@ -1,0 +1,93 @@
+"""Int8 linear layers (the opt-in quantized CPU path): close to the float product,
+same parameters and state as nn.Linear, refusals, and an engine that runs on them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine.api import GenerationRequest, SamplingParams
+from engine.cli import engine_config
+from engine.config import EngineConfig
+from engine.factory import build_llm_engine, load_model
+from engine.model.int8_linear import (
+    Int8DynamicLinear,
+    int8_available,
+    quantize_linears,
+    quantize_weight,
+)
+
+pytestmark = pytest.mark.skipif(not int8_available(), reason="no x86/fbgemm quantized engine")
+
+
+def _linear(in_features: int, out_features: int, bias: bool, seed: int) -> nn.Linear:
+    gen = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=gen) * 0.05)
+        if bias:
+            linear.bias.copy_(torch.randn(out_features, generator=gen))
+    return linear
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_product_is_close_to_the_float_one(rows: int, bias: bool, dtype: torch.dtype) -> None:
+    linear = _linear(576, 384, bias, seed=rows)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(1)).to(dtype)
+    expected = nn.functional.linear(x.float(), linear.weight, linear.bias)
+    with torch.inference_mode():
+        got = Int8DynamicLinear.from_linear(linear)(x)
+    assert got.dtype == dtype and got.shape == expected.shape
+    error = (got.float() - expected).norm() / expected.norm()
+    assert error < 0.03, f"relative error {error:.4f}"
+
+
+def test_leading_dimensions_are_kept() -> None:
+    layer = Int8DynamicLinear.from_linear(_linear(64, 32, False, seed=0))
+    x = torch.randn(3, 5, 64)
+    with torch.inference_mode():
+        assert layer(x).shape == (3, 5, 32)
+
+
+def test_weight_quantization_is_per_row_symmetric() -> None:
+    w = torch.tensor([[1.0, -2.0, 0.5], [0.01, 0.02, -0.04], [0.0, 0.0, 0.0]])
+    q = quantize_weight(w)
+    scales = q.q_per_channel_scales()
+    assert torch.allclose(scales[:2].float(), torch.tensor([2.0 / 127, 0.04 / 127]))
+    assert q.int_repr()[0].tolist() == [64, -127, 32]  # 1 / (2/127) = 63.5 rounds to even
+    assert torch.equal(q.dequantize()[2], torch.zeros(3))  # an all-zero row stays zero
+
+
+def test_quantizing_a_model_keeps_its_state_and_tied_head() -> None:
+    config = EngineConfig.tiny()
+    model = load_model(config).model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]  # packed ones here
+    assert quantize_linears(model) == len(linears) > 0
+    assert all(isinstance(m, Int8DynamicLinear) for m in model.modules()
+               if isinstance(m, nn.Linear))  # fmt: skip
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_engine_generates_on_int8_linears() -> None:
+    loaded = load_model(EngineConfig.tiny(linear_quant="int8"))
+    assert any(isinstance(m, Int8DynamicLinear) for m in loaded.model.modules())
+    engine = build_llm_engine(EngineConfig.tiny(linear_quant="int8"), loaded)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    out = engine.generate_sync([GenerationRequest("a", (5, 6, 7, 8), params)])
+    chunks = out["a"][0]
+    assert sum(c.completion_tokens for c in chunks if c.finish_reason) == 12
+
+
+def test_unknown_or_gpu_quantization_is_refused() -> None:
+    with pytest.raises(ValueError, match="linear_quant must be one of"):
+        EngineConfig.tiny(linear_quant="int4")
+    with pytest.raises(ValueError, match="--linear-quant must be one of none, int8"):
+        engine_config(None, None, linear_quant="fp8")
