@@ -1,8 +1,8 @@
 """Noisy neighbour: does tenant A keep its prefix cache while tenant B floods the worker?
 
-One kvtoll worker (the real worker app over HTTP on localhost, its engine in this
-process) serves two tenants, told apart by the gateway's salts and shares
-(``cache_salt``, ``kvtoll_kv_share``):
+One kvtoll worker (the real worker app over HTTP on localhost, with its engine, in a
+process of its own: :mod:`bench.noisy_worker`) serves two tenants, told apart by the
+gateway's salts and shares (``cache_salt``, ``kvtoll_kv_share``):
 
 * A repeats requests over a fixed set of long shared prefixes, taken from the Mooncake
   conversation trace's structure (``--trace``: the ``--prefixes`` most common leading
@@ -40,12 +40,10 @@ from typing import Any
 
 import httpx
 
+from bench.noisy_worker import worker_process
 from engine.config import TINY_MODEL, EngineConfig
-from engine.factory import build_engine
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
-from engine.serving.app import build_worker_app
 from kvtoll.openai.sse import aiter_sse_data
-from kvtoll.server import serve_in_background
 
 DEFAULT_TRACE = Path("/work/shared/data/mooncake_conversation_trace.jsonl")
 SALT_A = derive_tenant_salt(b"noisy-neighbour", "tenant-a")
@@ -165,13 +163,10 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 async def run_phase(args: argparse.Namespace, phase: str, workload: Workload,
                     reserved: int) -> PhaseResult:
-    engine = build_engine(_engine_config(args))
     result = PhaseResult()
-    model = engine.model_name
     a_share = reserved if phase == "reserved" else 0
-    try:
+    with worker_process(_engine_config(args)) as (url, model):
         async with AsyncExitStack() as stack:
-            url = await stack.enter_async_context(serve_in_background(build_worker_app(engine)))
             client = await stack.enter_async_context(
                 # a fresh connection per request: no race with the server's keep-alive
                 # timeout closing an idle connection as a request goes out on it
@@ -212,8 +207,6 @@ async def run_phase(args: argparse.Namespace, phase: str, workload: Workload,
             result.wall_s = time.perf_counter() - t0
             load = (await client.get("/load")).json()
             result.tenants = load.get("tenants", [])
-    finally:
-        engine.shutdown()
     return result
 
 
