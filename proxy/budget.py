@@ -138,6 +138,12 @@ class BudgetGuard:
         rows = (book.tenants.get(identity.tenant_id), book.keys.get(identity.key_id))
         return [row for row in rows if row is not None]
 
+    def applies(self, identity: KeyIdentity) -> bool:
+        """Whether a budget (the tenant's or the key's own) covers ``identity``: without
+        one, :meth:`hold` touches no store and returns None."""
+        book = self._book
+        return identity.tenant_id in book.tenants or identity.key_id in book.keys
+
     async def hold(self, identity: KeyIdentity, model: str, prompt_tokens: int,
                    completion_tokens: int, request_id: str, arrived_at: datetime,
                    ) -> BudgetHold | None:

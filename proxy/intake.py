@@ -3,13 +3,16 @@
 Order: authenticate (401 before anything is parsed) → read the body with a size cap
 → strict JSON → OpenAI schema (the shared serving models; fields that try to pick an
 upstream are refused) → client salt fields dropped → model served? (404) → prompt
-tokens → admission limits → per-key rate limit (429) → monthly budgets (429
-``budget_exceeded``; :mod:`proxy.budget`). The result is an immutable
-:class:`Prepared` request with a fresh server-side request id.
+tokens → admission limits → per-key rate limit (429) and monthly budgets (429
+``budget_exceeded``; :mod:`proxy.budget`), checked together when a budget applies
+(their Redis round trips overlap; whichever refuses, the other's charge is handed
+back). The result is an immutable :class:`Prepared` request with a fresh server-side
+request id.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -200,11 +203,9 @@ class Intake:
             prompt.num_tokens, wanted, request.n, self._config.limits,
             context_len=self._context_len,
         )
-        rate = await self._rate_limit(identity, admitted)
         request_id = self._new_request_id()
-        budget = None if self._budgets is None else await self._budgets.hold(
-            identity, request.model, admitted.prompt_tokens, admitted.max_tokens * admitted.n,
-            request_id, arrived_at)
+        rate, budget = await self._limit(identity, request.model, admitted, request_id,
+                                         arrived_at)
         body = data  # parsed above for this request alone: settled in place, not copied
         for name in SALT_FIELDS:
             body.pop(name, None)
@@ -224,13 +225,40 @@ class Intake:
             await self._limiter.refund(prep.identity.key_id, prep.rate,
                                        prep.admitted.cost_tokens)
 
-    async def _rate_limit(self, identity: KeyIdentity, admitted: Admitted) -> RateDecision:
+    async def _limit(self, identity: KeyIdentity, model: str, admitted: Admitted,
+                     request_id: str, arrived_at: datetime,
+                     ) -> tuple[RateDecision, BudgetHold | None]:
+        """The rate limit and, when a budget applies to the key, the budget hold, run
+        together: with Redis their two round trips overlap instead of following each
+        other. Whichever refuses, the other's charge is handed back (a refused request
+        costs neither its rate limit nor its budget); a rate limit refusal wins."""
+        budgets = self._budgets
+        rate_check = self._rate_check(identity, admitted)
+        if budgets is None or not budgets.applies(identity):
+            return self._admit_rate(await rate_check), None
+        hold = budgets.hold(identity, model, admitted.prompt_tokens,
+                            admitted.max_tokens * admitted.n, request_id, arrived_at)
+        rate, budget = await asyncio.gather(rate_check, hold, return_exceptions=True)
+        if isinstance(rate, BaseException) or not rate.allowed:
+            if isinstance(budget, BudgetHold):
+                budgets.release(budget)
+        elif isinstance(budget, BaseException):
+            await self._limiter.refund(identity.key_id, rate, admitted.cost_tokens)
+            raise budget
+        if isinstance(rate, BaseException):
+            raise rate
+        return self._admit_rate(rate), budget if isinstance(budget, BudgetHold) else None
+
+    def _rate_check(self, identity: KeyIdentity, admitted: Admitted) -> Awaitable[RateDecision]:
         defaults = self._config.rate_limits
         limits = KeyLimits(
             identity.requests_per_minute or defaults.requests_per_minute,
             identity.tokens_per_minute or defaults.tokens_per_minute,
         )
-        decision = await self._limiter.check(identity.key_id, limits, admitted.cost_tokens)
+        return self._limiter.check(identity.key_id, limits, admitted.cost_tokens)
+
+    def _admit_rate(self, decision: RateDecision) -> RateDecision:
+        """``decision``, or :class:`RateLimited` if it refused."""
         if not decision.allowed:
             limit = decision.limit or "requests"
             self._metrics.ratelimited.labels(limit).inc()

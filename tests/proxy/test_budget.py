@@ -39,6 +39,7 @@ from tests.proxy.helpers import (
     ledger_rows,
     seed,
     settled_rows,
+    wait_until,
 )
 from tests.proxy.scripted import ScriptedUpstream
 
@@ -183,3 +184,48 @@ def test_holds_of_requests_that_bill_nothing_are_given_back(
             codes = [_chat(client, tenants.key_a).status_code for _ in range(4)]
         assert codes == [status] * 4
     assert all(r.billed_pico == 0 for r in ledger_rows(db))  # the 502s: zero rows
+
+
+def _codes(answers: list[httpx.Response]) -> list[tuple[int, str | None]]:
+    return [(r.status_code, r.json()["error"]["code"] if r.status_code != 200 else None)
+            for r in answers]
+
+
+def test_a_budget_refusal_hands_the_rate_limit_charge_back(
+    settings: Settings, db: sessionmaker[Session]
+) -> None:
+    """The rate limit and the budget hold are checked together. 12 requests a minute
+    hold 2 at once (10 s of burst): had the two budget refusals kept their rate-limit
+    charge, the third request would be refused for its rate, not its budget."""
+    tenants = seed(db, rpm=12)
+    _budget(db, "acme", "0.000015")  # spent 17e6 after the first request: over
+    app = build_app(settings, db, upstreams=[ScriptedUpstream()])
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        answers = [_chat(client, tenants.key_a) for _ in range(3)]
+    assert _codes(answers) == [(200, None), (429, "budget_exceeded"), (429, "budget_exceeded")]
+
+
+@pytest.mark.redis
+def test_a_rate_limit_refusal_gives_its_budget_hold_back(
+    settings: Settings, db: sessionmaker[Session], redis_url: str, redis_prefix: str,
+) -> None:
+    """Rate limit and budget counters in Redis, checked together: the holds of the two
+    requests the rate limit refused (6 a minute: one at once) are given back, so the
+    tenant's counter ends at the one answered request's cost."""
+    import redis
+
+    tenants = seed(db, rpm=6)
+    _budget(db, "acme", "1")
+    app = build_app(settings.model_copy(update={"redis_url": redis_url}), db,
+                    upstreams=[ScriptedUpstream()], ratelimit_prefix=redis_prefix)
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        answers = [_chat(client, tenants.key_a) for _ in range(3)]
+        assert _codes(answers) == [(200, None), (429, "rate_limit_exceeded"),
+                                   (429, "rate_limit_exceeded")]
+        counter = (f"{redis_prefix}budget:{{t{tenants.tenant_a}}}:"
+                   f"{datetime.now(UTC):%Y-%m}:tenant")
+        store = redis.Redis.from_url(redis_url)
+        wait_until(lambda: int(store.get(counter) or 0) == COST,
+                   f"the budget counter at {COST} (it is {store.get(counter)!r})")
+        store.close()
+    assert ledger_count(db) == 1
