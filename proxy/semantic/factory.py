@@ -29,6 +29,13 @@ VerifierChoice = Literal["cross-encoder", "logistic"]
 VERIFIER_CHOICES: tuple[VerifierChoice, ...] = ("cross-encoder", "logistic")
 
 
+def default_verifier() -> VerifierChoice:
+    """The cross-encoder where the package ships its weights, else the logistic one."""
+    from proxy.semantic.cross_encoder import is_shipped
+
+    return "cross-encoder" if is_shipped() else "logistic"
+
+
 def build_verifier(choice: VerifierChoice = "cross-encoder") -> Verifier:
     """The shipped verifier named ``choice``: the cross-encoder (default, a second model
     re-scores the index's candidates) or the logistic one (features only, cheaper)."""

@@ -268,5 +268,11 @@ def _operators(text: str) -> list[str]:
     return sorted(_OPERATOR.findall(text))
 
 
+def exact_repeat(query: str, prompt: str) -> bool:
+    """Whether ``prompt`` repeats ``query`` (case, spacing and final punctuation aside)."""
+    normalised = _normalised(query)
+    return bool(normalised) and _normalised(prompt) == normalised
+
+
 def _normalised(text: str) -> str:
     return " ".join(text.casefold().split()).rstrip("?.! ")
