@@ -63,7 +63,7 @@ def build_semantic_cache(
     embedder_spec: EmbedderSpec | None = None,
     index_config: IndexConfig | None = None,
     redis_prefix: str = "kvtoll:sem:",
-    verifier: VerifierChoice = "logistic",
+    verifier: VerifierChoice | None = None,
 ) -> SemanticCache:
     """The full service: MiniLM embedder, FAISS per partition, the shipped ``verifier``.
 
@@ -79,7 +79,7 @@ def build_semantic_cache(
     return SemanticCache(
         embedder=embedder,
         store=build_store(redis_url, store_config, redis_prefix=redis_prefix),
-        verifier=build_verifier(verifier),
+        verifier=build_verifier(verifier or default_verifier()),
         config=config,
         index_factory=lambda dim: FaissIndex(dim, index_cfg),
     )

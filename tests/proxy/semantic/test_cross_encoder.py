@@ -95,3 +95,17 @@ def test_traced_model_scores_like_the_eager_one() -> None:
     eager = CrossEncoder(config, arrays, trace=False)
     np.testing.assert_allclose(traced.logits(PAIRS), eager.logits(PAIRS), atol=1e-4)
     assert config.threshold > 0.5 and 0.0 < config.min_similarity < 1.0
+
+
+@shipped
+def test_max_candidates_reads_only_the_most_similar() -> None:
+    config, arrays = load_shipped()
+    capped = CrossEncoderVerifier(CrossEncoder(config, arrays), max_candidates=1)
+    query = "How do I reset my password?"
+    candidates = [("How can I reset my password?", 0.80), ("how do I reset my password", 0.70),
+                  ("How can I change my password?", 0.95)]
+    scores = capped.score_many(query, candidates)
+    full = capped.score_pairs([(query, "How can I change my password?")])[0]
+    assert scores[0] == 0.0 and scores[1] == 1.0 and scores[2] == pytest.approx(full, abs=1e-9)
+    with pytest.raises(ValueError):
+        CrossEncoderVerifier(CrossEncoder(config, arrays), max_candidates=0)
