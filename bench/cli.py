@@ -50,11 +50,22 @@ def semantic_command(
         float, typer.Option("--repeat-rate", help="--stream: P(exact repeat after a prompt)")
     ] = 0.25,
     seed: Annotated[int, typer.Option("--seed", help="--stream: shuffle and exploration seed")] = 0,
-    plot: Annotated[Path | None, typer.Option("--plot", help="draw the figures (PNG)")] = None,
+    verifier: Annotated[
+        str | None, typer.Option(help="cross-encoder (default where shipped) or logistic")
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="PNG: precision / hit-rate beside cosine (--stream: over time)"),
+    ] = None,
+    vectors_cache: Annotated[
+        Path | None,
+        typer.Option("--vectors-cache", help="folder keeping the embeddings between runs"),
+    ] = None,
 ) -> None:
     """Fill a fresh cache with every text_a, query every text_b, print one JSON object
     (``--stream``: the error bound against the fixed threshold on a prompt stream)."""
     from bench.semantic.evaluate import read_pairs, run_pair_bench_sync
+    from proxy.semantic.factory import VERIFIER_CHOICES, default_verifier
 
     if not pairs.is_file():
         fail(f"--pairs: no such file: {pairs}")
@@ -65,13 +76,19 @@ def semantic_command(
         fail("--threshold must be between 0 and 1")
     if (limit is not None and limit < 1) or not 1 <= candidates <= MAX_CANDIDATES:
         fail(f"--limit must be positive and --candidates between 1 and {MAX_CANDIDATES}")
+    verifier = verifier or default_verifier()
+    if verifier not in VERIFIER_CHOICES:
+        fail(f"--verifier must be one of {', '.join(VERIFIER_CHOICES)}")
+    if plot is not None and plot.suffix.lower() != ".png":
+        fail("--plot must name a .png file")
     try:
         rows = read_pairs(pairs)
     except (ValueError, UnicodeDecodeError) as exc:
         fail(str(exc))
     rows = rows[:limit] if limit else rows
     report = run_pair_bench_sync(
-        rows, threshold=threshold, heldout_only=heldout_only, candidates=candidates
+        rows, threshold=threshold, heldout_only=heldout_only, candidates=candidates,
+        verifier=verifier, plot=plot, vectors_cache=vectors_cache,
     )
     typer.echo(json.dumps(report))
 

@@ -12,7 +12,9 @@ only (``qqp_split``; ``fit`` trained the model, ``heldout`` stays unseen):
 * ``threshold``: the lowest calibrated probability at which the calib pairs' precision
   is ``>= --target-precision`` (with at least 50 pairs above it);
 * ``min_similarity``: the embedding cosine that keeps ``--min-sim-recall`` of the calib
-  duplicates (rounded down to 0.01): candidates below it are not re-scored.
+  duplicates (rounded down to 0.01): candidates below it are not re-scored;
+* ``meta.max_candidates`` (``--max-candidates``): how many of a lookup's candidates, the
+  most similar first, the cross-encoder reads (its cost per lookup stays bounded).
 
 Usage: python bench/export_cross_encoder.py --ckpt /work/ce_run/ckpt.pt
        [--out proxy/semantic/data] [--target-precision 0.97] [--min-sim-recall 0.98]
@@ -98,6 +100,7 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     meta = {
         "checkpoint_step": int(ckpt.get("step", 0)),
         "seed": int(ckpt.get("seed", 0)),
+        "max_candidates": args.max_candidates,
         "trained_by": "bench/train_cross_encoder.py",
         "exported_by": "bench/export_cross_encoder.py",
         "calib": {
@@ -129,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--target-precision", type=float, default=0.97)
     parser.add_argument("--min-sim-recall", type=float, default=0.98)
+    parser.add_argument("--max-candidates", type=int, default=None,
+                        help="candidates the cross-encoder reads per lookup (most similar first)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     if not args.ckpt.is_file():

@@ -3,7 +3,8 @@
 Entries are synthetic questions from templates (distinct, random-ish), embedded with
 the real model and stored through the service; queries are 50/50 reworded stored
 questions and unseen ones, looked up one at a time through the real service
-(embed + HNSW search + verify). Goal: p99 of the three <= 15 ms.
+(embed + HNSW search + verify; ``--verifier``: the cross-encoder by default). Goal:
+p99 of the three <= 15 ms.
 
 Peer in the same run: an exact ``IndexFlatIP`` over the same vectors (GPTCache's
 default FAISS index) - its search latency and HNSW's recall@1 against it.
@@ -30,7 +31,6 @@ from proxy.semantic.index import FaissIndex, IndexConfig
 from proxy.semantic.keys import CacheKey
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.store import InMemoryStore, StoreConfig
-from proxy.semantic.verifier import LogisticVerifier, load_weights
 
 OPENERS = ["How do I", "What is the best way to", "Can I", "Why should I", "When should I",
            "Is it safe to", "How long does it take to", "What does it cost to"]  # fmt: skip
@@ -113,7 +113,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     embed_s = time.perf_counter() - started
     store = InMemoryStore(StoreConfig(capacity_per_tenant=args.entries + 10))
     cfg = IndexConfig()
-    cache = SemanticCache(embedder, store, LogisticVerifier(load_weights()), SemanticConfig(),
+    from proxy.semantic.factory import build_verifier, default_verifier
+
+    verifier = build_verifier(args.verifier or default_verifier())
+    cache = SemanticCache(embedder, store, verifier, SemanticConfig(),
                           index_factory=lambda dim: FaissIndex(dim, cfg))  # fmt: skip
     started = time.perf_counter()
     for text, vector in zip(texts, vectors, strict=True):
@@ -167,6 +170,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ef_construction": cfg.ef_construction,
             "ef_search": cfg.ef_search,
         },
+        "verifier": args.verifier or default_verifier(),
         "hits": sum(1 for r in results if r.hit is not None),
         "lookup_ms": {
             "embed": pct([t.embed_ms for t in timings]),
@@ -190,6 +194,8 @@ def main() -> None:
     parser.add_argument("--embed-entries", type=int, default=10**9,
                         help="embed only this many entries for real, derive the rest")  # fmt: skip
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--verifier", choices=("cross-encoder", "logistic"), default=None,
+                        help="default: the cross-encoder where its weights ship")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 

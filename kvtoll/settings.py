@@ -30,8 +30,9 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
-    # the semantic cache's verifier (KVTOLL_SEMANTIC_VERIFIER): cross-encoder or logistic
-    semantic_verifier: Literal["cross-encoder", "logistic"] = "logistic"
+    # the semantic cache's verifier (KVTOLL_SEMANTIC_VERIFIER): cross-encoder or logistic;
+    # None: the cross-encoder where its weights ship
+    semantic_verifier: Literal["cross-encoder", "logistic"] | None = None
     admin_token: SecretStr = SecretStr("")
     secret: SecretStr = SecretStr("")
     dev_mode: bool = False

@@ -1,13 +1,20 @@
-"""Pair benchmark of the semantic cache (``kvtoll bench semantic``).
+"""Pair benchmark of the semantic cache (``kvtoll bench semantic``), both readings.
 
-Every ``text_a`` goes into a fresh cache (one tenant, one partition) as if it had
-been answered; every ``text_b`` is then looked up through the real service (real
-embedder, FAISS, verifier), one at a time. A hit is correct only if it returns the
-entry of its own pair (the entry holding that pair's ``text_a``; identical
-``text_a`` strings share one entry) and the pair's label is 1.
+Per query: every ``text_a`` goes into a fresh cache (one tenant, one partition) as if
+it had been answered; every ``text_b`` is then looked up through the real service (real
+embedder, FAISS, verifier), one at a time. A hit is correct if it returns the entry of
+its own pair (the entry holding that pair's ``text_a``) and the pair's label is 1, or
+if the stored prompt is an exact repeat of the query (case, spacing and final
+punctuation aside: every cache serves those). The verifier's scores of each lookup are
+recorded, so the whole precision / hit-rate curve comes from the same lookups
+(:mod:`bench.semantic.readings`); the operating point is the service's own decisions.
+
+Pairwise: each queried pair's two texts scored directly (precision and recall of the
+cache's decision, average precision and ROC AUC of the verifier's score).
 
 Peer in the same run: GPTCache's default policy, a hit when the nearest cached
-prompt's cosine similarity is >= 0.8, on the same embeddings without the verifier.
+prompt's cosine similarity is >= 0.8, on the same embeddings without the verifier;
+its wrong hits at our hit rate are read off its own curve.
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ from typing import Any
 import numpy as np
 
 from bench.semantic.pair_metrics import forced_queries, precision_views
+from bench.semantic.readings import QueryOutcomes, curve, pairwise, point, wrong_at_hits
 from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.keys import CacheKey
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
 from proxy.semantic.store import EntryId, InMemoryStore, StoreConfig
-from proxy.semantic.verifier import LogisticVerifier, load_weights
+from proxy.semantic.verifier import Verifier, exact_repeat
 
 GPTCACHE_DEFAULT_THRESHOLD = 0.8
 BENCH_TENANT = "bench"
@@ -88,9 +96,8 @@ def _pct(values: Sequence[float]) -> dict[str, float]:
 
 
 async def _fill(
-    cache: SemanticCache, embedder: SentenceTransformerEmbedder, pairs: list[Pair]
+    cache: SemanticCache, vectors: np.ndarray, pairs: list[Pair]
 ) -> dict[EntryId, set[int]]:
-    vectors = embedder.embed_batched([p.text_a for p in pairs])
     owners: dict[EntryId, set[int]] = {}
     for i, (pair, vector) in enumerate(zip(pairs, vectors, strict=True)):
         key = cache.key_for(BENCH_TENANT, _body(pair.text_a))
@@ -102,26 +109,23 @@ async def _fill(
     return owners
 
 
-def _peer(
-    embedder: SentenceTransformerEmbedder, pairs: list[Pair], queries: list[int]
-) -> dict[str, Any]:
-    """GPTCache-style: nearest text_a by cosine, hit at >= 0.8, no verifier."""
-    a = embedder.embed_batched([p.text_a for p in pairs])
-    b = embedder.embed_batched([pairs[i].text_b for i in queries])
-    texts = [p.text_a for p in pairs]
-    hits = correct = 0
-    for start in range(0, len(queries), 512):
-        sims = b[start : start + 512] @ a.T
-        best = sims.argmax(axis=1)
-        for row, j in enumerate(best.tolist()):
-            i = queries[start + row]
-            if sims[row, j] >= GPTCACHE_DEFAULT_THRESHOLD:
-                hits += 1
-                correct += int(texts[j] == pairs[i].text_a and pairs[i].label == 1)
-    positives = sum(pairs[i].label for i in queries)
-    return _summary(hits, correct, positives, len(queries)) | {
-        "policy": "cosine >= 0.8 on the same embedder, no verifier (GPTCache default)"
-    }
+def embed_cached(
+    embedder: SentenceTransformerEmbedder, texts: list[str], cache_dir: Path | None
+) -> np.ndarray:
+    """``embedder.embed_batched(texts)``, kept in ``cache_dir`` under a digest of the
+    embedder's name and the texts (a re-run on the same file skips the embedding)."""
+    if cache_dir is None:
+        return embedder.embed_batched(texts)
+    digest = hashlib.sha1(embedder.name.encode())
+    for text in texts:
+        digest.update(text.encode() + b"\0")
+    path = cache_dir / f"vectors-{digest.hexdigest()[:16]}.npy"
+    if path.is_file():
+        return np.load(path)
+    vectors = embedder.embed_batched(texts)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors)
+    return vectors
 
 
 def _summary(hits: int, correct: int, positives: int, queries: int) -> dict[str, Any]:
@@ -135,57 +139,140 @@ def _summary(hits: int, correct: int, positives: int, queries: int) -> dict[str,
     }
 
 
+class RecordingVerifier:
+    """A verifier that remembers the candidates and scores of its last ``score_many``
+    (the bench reads each lookup's scores without a second pass)."""
+
+    def __init__(self, inner: Verifier) -> None:
+        self.inner = inner
+        self.last: list[tuple[str, float, float]] = []
+
+    @property
+    def default_threshold(self) -> float:
+        return self.inner.default_threshold
+
+    @property
+    def min_similarity(self) -> float:
+        return self.inner.min_similarity
+
+    def score(self, query: str, prompt: str, similarity: float) -> float:
+        return self.inner.score(query, prompt, similarity)
+
+    def score_many(self, query: str, candidates: Sequence[tuple[str, float]]) -> list[float]:
+        scores = self.inner.score_many(query, candidates)
+        self.last = [(p, sim, sc) for (p, sim), sc in zip(candidates, scores, strict=True)]
+        return scores
+
+
+def score_pairs(verifier: Verifier, pairs: Sequence[tuple[str, str, float]]) -> list[float]:
+    """Scores of ``(query, prompt, similarity)`` triples, batched where the verifier can."""
+    batched = getattr(verifier, "score_pairs", None)
+    if batched is not None:
+        out: list[float] = []
+        for start in range(0, len(pairs), 256):
+            out.extend(batched([(q, p) for q, p, _ in pairs[start : start + 256]]))
+        return out
+    return [verifier.score(q, p, sim) for q, p, sim in pairs]
+
+
+def _best(query: str, pair: Pair, scored: list[tuple[str, float, float]]) -> tuple[float, bool]:
+    """The best-scored candidate's score, and whether serving it is correct."""
+    if not scored:
+        return float("-inf"), False
+    prompt, _, score = max(scored, key=lambda item: item[2])
+    right = (prompt == pair.text_a and pair.label == 1) or exact_repeat(query, prompt)
+    return score, right
+
+
+def _peer_outcomes(
+    a: np.ndarray, b: np.ndarray, pairs: list[Pair], queries: list[int]
+) -> QueryOutcomes:
+    """GPTCache-style: nearest text_a by cosine over every stored vector, no verifier."""
+    texts = [p.text_a for p in pairs]
+    scores: list[float] = []
+    correct: list[bool] = []
+    for start in range(0, len(queries), 512):
+        sims = b[start : start + 512] @ a.T
+        best = sims.argmax(axis=1)
+        for row, j in enumerate(best.tolist()):
+            pair = pairs[queries[start + row]]
+            scores.append(float(sims[row, j]))
+            correct.append(
+                (texts[j] == pair.text_a and pair.label == 1)
+                or exact_repeat(pair.text_b, texts[j])
+            )
+    return QueryOutcomes.of(scores, correct, sum(pairs[i].label for i in queries))
+
+
 async def run_pair_bench(
-    pairs: list[Pair], *, threshold: float | None, heldout_only: bool, candidates: int
-) -> dict[str, Any]:
+    pairs: list[Pair], *, threshold: float | None, heldout_only: bool, candidates: int,
+    verifier: str = "cross-encoder", plot: Path | None = None,
+    vectors_cache: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Fill, query, and summarise (see the module docstring)."""
     import faiss
 
+    from proxy.semantic.factory import build_verifier
+
     faiss.omp_set_num_threads(1)  # as in the proxy (see factory.build_semantic_cache)
     embedder = SentenceTransformerEmbedder()
-    verifier = LogisticVerifier(load_weights())
+    inner = build_verifier(verifier)  # type: ignore[arg-type]
+    recorder = RecordingVerifier(inner)
     store = InMemoryStore(StoreConfig(capacity_per_tenant=max(1, len(pairs))))
-    cache = SemanticCache(embedder, store, verifier, SemanticConfig(num_candidates=candidates))
-    owners = await _fill(cache, embedder, pairs)
+    cache = SemanticCache(embedder, store, recorder, SemanticConfig(num_candidates=candidates))
+    vectors_a = embed_cached(embedder, [p.text_a for p in pairs], vectors_cache)
+    owners = await _fill(cache, vectors_a, pairs)
     queries = [
         i
         for i, p in enumerate(pairs)
         if not heldout_only or qqp_split(p.text_a, p.text_b) == "heldout"
     ]
+    limit = threshold if threshold is not None else inner.default_threshold
     results: list[LookupResult] = []
+    best: list[tuple[float, bool]] = []
     for i in queries:
+        recorder.last = []
         results.append(
-            await cache.lookup_detailed(BENCH_TENANT, _body(pairs[i].text_b), threshold=threshold)
+            await cache.lookup_detailed(BENCH_TENANT, _body(pairs[i].text_b), threshold=limit)
         )
+        best.append(_best(pairs[i].text_b, pairs[i], recorder.last))
     await cache.aclose()
     outcomes = [_outcome(pairs[i], i, r, owners) for i, r in zip(queries, results, strict=True)]
     hits = sum(1 for o in outcomes if o != "miss")
     correct = outcomes.count("correct")
     positives = sum(pairs[i].label for i in queries)
-    heldout = [
-        (o, pairs[i].label) for i, o in zip(queries, outcomes, strict=True)
-        if qqp_split(pairs[i].text_a, pairs[i].text_b) == "heldout"
-    ]  # fmt: skip
+    vectors_b = embed_cached(embedder, [pairs[i].text_b for i in queries], vectors_cache)
+    peer = _peer_outcomes(vectors_a, vectors_b, pairs, queries)
+    peer_point = point(peer, GPTCACHE_DEFAULT_THRESHOLD)
+    at_our_hits = wrong_at_hits(peer, hits)
+    own = QueryOutcomes.of([s for s, _ in best], [c for _, c in best], positives)
+    sims = np.sum(vectors_a[queries] * vectors_b, axis=1)
+    triples = [(pairs[i].text_b, pairs[i].text_a, float(s))
+               for i, s in zip(queries, sims.tolist(), strict=True)]
+    pair_scores = score_pairs(inner, triples)
+    labels = [pairs[i].label for i in queries]
+    decided = [sc >= limit and (sim >= inner.min_similarity or sc >= 1.0)
+               for sc, sim in zip(pair_scores, sims.tolist(), strict=True)]
     timings = [r.timing for r in results]
-    limit = threshold if threshold is not None else verifier.default_threshold
-    return {
+    wrong = hits - correct
+    report: dict[str, Any] = {
         "pairs": len(pairs),
         "queries": len(queries),
         "query_split": "qqp heldout (never trained on)" if heldout_only else "all",
         "positives": positives,
-        "threshold": threshold if threshold is not None else verifier.default_threshold,
+        "verifier": verifier,
+        "threshold": limit,
+        "min_similarity": inner.min_similarity,
+        "candidates": candidates,
         **_summary(hits, correct, positives, len(queries)),
+        "false_hits_per_1000_queries": round(1000 * wrong / max(1, len(queries)), 2),
+        "per_query": {"at_threshold": point(own, limit), "curve": curve(own)},
+        "pairwise": pairwise(pair_scores, labels, limit, decided),
         "false_hits_own_pair_label_0": outcomes.count("own_label_0"),
-        "rule_ceiling": rule_ceiling(pairs, queries),
         "false_hits_other_entry": outcomes.count("other_entry"),
-        "qqp_heldout_subset": _summary(
-            sum(1 for o, _ in heldout if o != "miss"),
-            sum(1 for o, _ in heldout if o == "correct"),
-            sum(label for _, label in heldout),
-            max(1, len(heldout)),
-        ),
+        "rule_ceiling": rule_ceiling(pairs, queries),
         "precision_views": _views(pairs, queries, outcomes),
-        "hard_cases_heldout": hard_case_report(embedder, verifier, limit),
+        "hard_cases_heldout": hard_case_report(embedder, inner, limit),
         "verifier_rejections": cache.stats.rejections,
         "latency_ms": {
             "embed": _pct([t.embed_ms for t in timings]),
@@ -193,8 +280,22 @@ async def run_pair_bench(
             "verify": _pct([t.verify_ms for t in timings]),
             "total": _pct([t.total_ms for t in timings]),
         },
-        "peer_gptcache_similarity_0.8": _peer(embedder, pairs, queries),
+        "peer_gptcache_similarity_0.8": peer_point | {
+            "policy": "cosine >= 0.8 on the same embedder, no verifier (GPTCache default)",
+            "curve": curve(peer),
+            "pairwise": pairwise(sims.tolist(), labels, GPTCACHE_DEFAULT_THRESHOLD),
+            "at_our_hit_rate": at_our_hits,
+        },
+        "peer_wrong_hits_at_our_hit_rate_ratio": (
+            round(at_our_hits["false_hits"] / wrong, 2) if wrong else None
+        ),
     }
+    if plot is not None:
+        from bench.semantic.plot import plot_curves
+
+        plot_curves(report, plot)
+        report["plot"] = str(plot)
+    return report
 
 
 def _views(pairs: list[Pair], queries: list[int], outcomes: list[str]) -> dict[str, Any]:
@@ -213,11 +314,13 @@ def _views(pairs: list[Pair], queries: list[int], outcomes: list[str]) -> dict[s
 
 
 def hard_case_report(
-    embedder: SentenceTransformerEmbedder, verifier: LogisticVerifier, threshold: float
+    embedder: SentenceTransformerEmbedder, verifier: Verifier, threshold: float
 ) -> dict[str, Any]:
-    """The verifier's decision on each hand-written hard case held out of training
-    (``split == heldout`` in ``bench/semantic/hard_cases.jsonl``): query ``text_b`` against the
-    cached ``text_a`` at their embedding similarity; right when accept == label."""
+    """The cache's decision on each hand-written hard case held out of training
+    (``split == heldout`` in ``bench/semantic/hard_cases.jsonl``): query ``text_b``
+    against the cached ``text_a``, served when its similarity reaches the verifier's
+    floor and its score the threshold; right when served == label. Paraphrases
+    (label 1) give recall and precision; every label-0 row is a near-miss."""
     from importlib import resources
 
     text = resources.files("bench.semantic").joinpath("hard_cases.jsonl").read_text()
@@ -225,14 +328,34 @@ def hard_case_report(
     rows = [r for r in rows if r["split"] == "heldout"]
     va = embedder.embed([r["text_a"] for r in rows])
     vb = embedder.embed([r["text_b"] for r in rows])
+    sims = np.sum(va * vb, axis=1).tolist()
+    triples = [(r["text_b"], r["text_a"], s) for r, s in zip(rows, sims, strict=True)]
+    scores = score_pairs(verifier, triples)
     per_kind: dict[str, dict[str, int]] = {}
-    for r, x, y in zip(rows, va, vb, strict=True):
-        accept = verifier.score(r["text_b"], r["text_a"], float(x @ y)) >= threshold
+    served_near_misses: list[str] = []
+    paraphrases = served_paraphrases = 0
+    for r, sim, score in zip(rows, sims, scores, strict=True):
+        accept = score >= threshold and (sim >= verifier.min_similarity or score >= 1.0)
         tally = per_kind.setdefault(r["kind"], {"correct": 0, "total": 0})
         tally["correct"] += int(accept == bool(r["label"]))
         tally["total"] += 1
+        if r["label"]:
+            paraphrases += 1
+            served_paraphrases += int(accept)
+        elif accept:
+            served_near_misses.append(f"{r['text_a']} -> {r['text_b']}")
     total = {k: sum(t[k] for t in per_kind.values()) for k in ("correct", "total")}
-    return {"total": total, "per_kind": dict(sorted(per_kind.items()))}
+    served = served_paraphrases + len(served_near_misses)
+    return {
+        "total": total,
+        "paraphrases": paraphrases,
+        "paraphrase_recall": round(served_paraphrases / paraphrases, 4) if paraphrases else None,
+        "precision": round(served_paraphrases / served, 4) if served else None,
+        "near_misses": total["total"] - paraphrases,
+        "near_misses_served": len(served_near_misses),
+        "near_misses_served_list": served_near_misses,
+        "per_kind": dict(sorted(per_kind.items())),
+    }
 
 
 def rule_ceiling(pairs: Sequence[Pair], queries: Sequence[int]) -> dict[str, Any]:
@@ -261,6 +384,8 @@ def _outcome(pair: Pair, i: int, result: LookupResult, owners: dict[EntryId, set
     if result.hit is None:
         return "miss"
     entry = result.hit.entry
+    if entry is not None and exact_repeat(pair.text_b, entry.prompt):
+        return "correct"  # an exact repeat of a stored prompt: every cache serves it
     if entry is None or i not in owners.get(entry.entry_id, set()):
         return "other_entry"
     return "correct" if pair.label == 1 else "own_label_0"

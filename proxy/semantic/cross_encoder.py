@@ -186,6 +186,7 @@ class CrossEncoder:
         *,
         precision: Precision = "int8",
         tokenizer_path: Path | None = None,
+        trace: bool = True,
     ) -> None:
         import torch
         from tokenizers import Tokenizer
@@ -204,6 +205,8 @@ class CrossEncoder:
 
             quantize_linears(model.encoder)
         self._model = model
+        if trace and precision != "bf16":  # a TorchScript trace: the same sums, less Python
+            self._model = _trace(model)
         path = tokenizer_path or bundled_model_path() / "tokenizer.json"
         tokenizer = Tokenizer.from_file(str(path))
         tokenizer.no_padding()
@@ -247,6 +250,19 @@ class CrossEncoder:
         return self.calibrate(self.logits(pairs))
 
 
+def _trace(model: Any) -> Any:
+    import warnings
+
+    import torch
+
+    ids = torch.tensor([[101, 2129, 2079, 1045, 102, 2129, 2064, 102], [101, 7592, 102] + [0] * 5])
+    mask = (ids != 0).long()
+    types = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]])
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")  # TracerWarnings about Python-side shape checks
+        return torch.jit.trace(model, (ids, mask, types), check_trace=False)
+
+
 def fit_platt(logits: np.ndarray, labels: np.ndarray, iterations: int = 50) -> tuple[float, float]:
     """Platt scaling: ``(a, b)`` maximising the likelihood of ``sigmoid(a * logit + b)``
     (Newton's method, with Platt's smoothed targets against overconfidence)."""
@@ -256,15 +272,28 @@ def fit_platt(logits: np.ndarray, labels: np.ndarray, iterations: int = 50) -> t
     if positives == 0 or negatives == 0:
         raise ValueError("calibration needs both labels")
     t = np.where(y > 0, (positives + 1) / (positives + 2), 1 / (negatives + 2))
-    a, b = 1.0, 0.0
+
+    def loss(a: float, b: float) -> float:
+        z = a * x + b  # cross-entropy against the smoothed targets, computed stably
+        return float(np.sum(np.logaddexp(0.0, z) - t * z))
+
+    a, b = 0.0, float(np.log(positives / negatives))
+    current = loss(a, b)
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(a * x + b, -60, 60)))
         g = np.array([np.sum((p - t) * x), np.sum(p - t)])
         w = p * (1 - p)
         h = np.array([[np.sum(w * x * x), np.sum(w * x)], [np.sum(w * x), np.sum(w)]])
-        h += np.eye(2) * 1e-9
-        step = np.linalg.solve(h, g)
-        a, b = a - float(step[0]), b - float(step[1])
-        if math.hypot(*step) < 1e-10:
+        step = np.linalg.solve(h + np.eye(2) * 1e-9, g)
+        size = 1.0
+        while size > 1e-6:  # backtracking: Newton's full step can overshoot
+            new = loss(a - size * float(step[0]), b - size * float(step[1]))
+            if new <= current:
+                break
+            size /= 2
+        a, b = a - size * float(step[0]), b - size * float(step[1])
+        done = current - new < 1e-10 * max(1.0, abs(current))
+        current = min(current, new)
+        if done or math.hypot(*step) < 1e-10:
             break
     return a, b

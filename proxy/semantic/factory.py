@@ -29,6 +29,13 @@ VerifierChoice = Literal["cross-encoder", "logistic"]
 VERIFIER_CHOICES: tuple[VerifierChoice, ...] = ("cross-encoder", "logistic")
 
 
+def default_verifier() -> VerifierChoice:
+    """The cross-encoder where the package ships its weights, else the logistic one."""
+    from proxy.semantic.cross_encoder import is_shipped
+
+    return "cross-encoder" if is_shipped() else "logistic"
+
+
 def build_verifier(choice: VerifierChoice = "cross-encoder") -> Verifier:
     """The shipped verifier named ``choice``: the cross-encoder (default, a second model
     re-scores the index's candidates) or the logistic one (features only, cheaper)."""
@@ -56,7 +63,7 @@ def build_semantic_cache(
     embedder_spec: EmbedderSpec | None = None,
     index_config: IndexConfig | None = None,
     redis_prefix: str = "kvtoll:sem:",
-    verifier: VerifierChoice = "logistic",
+    verifier: VerifierChoice | None = None,
 ) -> SemanticCache:
     """The full service: MiniLM embedder, FAISS per partition, the shipped ``verifier``.
 
@@ -72,7 +79,7 @@ def build_semantic_cache(
     return SemanticCache(
         embedder=embedder,
         store=build_store(redis_url, store_config, redis_prefix=redis_prefix),
-        verifier=build_verifier(verifier),
+        verifier=build_verifier(verifier or default_verifier()),
         config=config,
         index_factory=lambda dim: FaissIndex(dim, index_cfg),
     )

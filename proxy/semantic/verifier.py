@@ -206,8 +206,12 @@ class CrossEncoderVerifier:
         *,
         threshold: float | None = None,
         min_similarity: float | None = None,
+        max_candidates: int | None = None,
     ) -> None:
+        if max_candidates is not None and max_candidates < 1:
+            raise ValueError("max_candidates must be >= 1")
         self._model = model
+        self._max_candidates = max_candidates
         self._threshold = model.config.threshold if threshold is None else threshold
         self._min_similarity = (
             model.config.min_similarity if min_similarity is None else min_similarity
@@ -230,8 +234,18 @@ class CrossEncoderVerifier:
         return self.score_many(query, [(prompt, similarity)])[0]
 
     def score_many(self, query: str, candidates: Sequence[tuple[str, float]]) -> list[float]:
-        """:meth:`score` of each ``(prompt, similarity)``, the model run once."""
-        return self.score_pairs([(query, prompt) for prompt, _ in candidates])
+        """:meth:`score` of each ``(prompt, similarity)``, the model run once. With
+        ``max_candidates``, only that many of the most similar are read (the rest
+        score 0, unless an exact repeat): the cost of a lookup stays bounded."""
+        chosen: list[int] = list(range(len(candidates)))
+        if self._max_candidates is not None and len(candidates) > self._max_candidates:
+            by_similarity = sorted(chosen, key=lambda n: -candidates[n][1])
+            chosen = sorted(by_similarity[: self._max_candidates])
+        out = [1.0 if exact_repeat(query, prompt) else 0.0 for prompt, _ in candidates]
+        scores = self.score_pairs([(query, candidates[n][0]) for n in chosen])
+        for n, score in zip(chosen, scores, strict=True):
+            out[n] = score
+        return out
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Scores of ``(query, prompt)`` pairs of any queries, batched together (a bench,
@@ -253,11 +267,17 @@ class CrossEncoderVerifier:
 
 
 def load_cross_encoder_verifier(
-    directory: Path | None = None, *, precision: Precision = "int8"
-) -> CrossEncoderVerifier:
-    """The shipped cross-encoder (or the export in ``directory``) as a verifier."""
+    directory: Path | None = None, *, precision: Precision = "int8",
+    max_candidates: int | None = None,
+) -> CrossEncoderVerifier:  # fmt: skip
+    """The shipped cross-encoder (or the export in ``directory``) as a verifier;
+    ``max_candidates`` defaults to the export's (``meta.max_candidates``, else no cap)."""
     config, arrays = load_shipped(directory)
-    return CrossEncoderVerifier(CrossEncoder(config, arrays, precision=precision))
+    if max_candidates is None and config.meta.get("max_candidates") is not None:
+        max_candidates = int(config.meta["max_candidates"])
+    return CrossEncoderVerifier(
+        CrossEncoder(config, arrays, precision=precision), max_candidates=max_candidates
+    )
 
 
 # Arithmetic and comparison symbols that are not part of a word ("e-mail" keeps its hyphen).
@@ -266,6 +286,12 @@ _OPERATOR = re.compile(r"(?<![A-Za-z])[-+*/^<>=\u00b2\u00b3]")
 
 def _operators(text: str) -> list[str]:
     return sorted(_OPERATOR.findall(text))
+
+
+def exact_repeat(query: str, prompt: str) -> bool:
+    """Whether ``prompt`` repeats ``query`` (case, spacing and final punctuation aside)."""
+    normalised = _normalised(query)
+    return bool(normalised) and _normalised(prompt) == normalised
 
 
 def _normalised(text: str) -> str:
