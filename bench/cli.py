@@ -55,7 +55,7 @@ def semantic_command(
     ] = None,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="PNG: precision / hit-rate beside cosine (--stream: over time)"),
+        typer.Option("--plot", help="PNG: precision/hit-rate beside cosine (--stream: over time)"),
     ] = None,
     vectors_cache: Annotated[
         Path | None,
