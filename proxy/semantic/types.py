@@ -41,6 +41,7 @@ class SemanticQuery:
     allow_sampled: bool  # tenant allows hits for temperature > 0 requests
     capacity: TenantCapacity | None = None  # tenant policy: its semantic-cache limits
     max_error_rate: float | None = None  # tenant policy: the error bound (None: no bound)
+    tenant_name: str = ""  # for the figures shown per tenant (never part of a cache key)
 
 
 @dataclass(frozen=True)
