@@ -39,7 +39,7 @@ from proxy import admin
 from proxy.auth import AuthError, KeyAuthenticator
 from proxy.budget import BudgetGuard
 from proxy.config import ProxyConfig, from_settings
-from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook
+from proxy.hooks import FleetHook, RouterHook, SemanticCacheHook, SemanticReport
 from proxy.http import openai as openai_routes
 from proxy.http import ops as ops_routes
 from proxy.http.completions import CompletionEndpoints, GatewayApp
@@ -153,11 +153,15 @@ def create_app(
         app.include_router(extra)
     if fleet is not None:
         fleet.bind(state.pool, metrics)
+    report = semantic if isinstance(semantic, SemanticReport) else None
+    if report is not None:
+        report.bind_metrics(metrics.registry)
     if web:
         app.include_router(build_landing_router(dev_mode=settings.dev_mode))
         include_web_routers(
             app, session_factory, settings, resolver=_key_resolver(state.intake.authenticator),
             worker_status=fleet.worker_rows if fleet is not None else _pool_rows(state.pool),
+            semantic_status=report.bound_rows if report is not None else None,
         )
     return app
 

@@ -12,7 +12,7 @@ upstream (in the order given) is tried first.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticProbe, SemanticQuery
 from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamUsage
@@ -39,6 +39,19 @@ class SemanticCacheHook(Protocol):
         self, query: SemanticQuery, probe: SemanticProbe, answer: SemanticAnswer
     ) -> None:
         """Compare the engine's complete ``answer`` with ``probe``'s stored one (evidence)."""
+        ...
+
+
+@runtime_checkable
+class SemanticReport(Protocol):
+    """A semantic cache that reports its error bound's figures (optional)."""
+
+    def bind_metrics(self, registry: Any) -> None:
+        """Register its collector on the app's Prometheus registry."""
+        ...
+
+    def bound_rows(self) -> list[dict[str, Any]]:
+        """One row of figures per tenant, for the dashboards."""
         ...
 
 

@@ -406,6 +406,7 @@ def _query(prep: Prepared) -> SemanticQuery:
         capacity=TenantCapacity(prep.identity.semantic_max_entries,
                                 prep.identity.semantic_max_bytes),
         max_error_rate=prep.identity.semantic_max_error_rate,
+        tenant_name=prep.identity.tenant_name,
     )
 
 

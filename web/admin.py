@@ -33,6 +33,7 @@ from web.dashboard_data import WorkerRows, admin_context
 from web.errors import ApiError, bad_param
 from web.pages import add_static_route, render_page, template_environment
 from web.params import picked_range, range_fields
+from web.semantic_view import SemanticStatusFn, bound_view
 from web.usage_api import (
     ResultFn,
     bucketed_answer,
@@ -115,9 +116,11 @@ class AdminPages:
     """Handlers of the operator pages (thin: data comes from :mod:`web.dashboard_data`)."""
 
     def __init__(self, factory: sessionmaker[Session], auth: AdminAuth, env: Environment,
-                 worker_status: WorkerStatusFn | None) -> None:
+                 worker_status: WorkerStatusFn | None,
+                 semantic_status: SemanticStatusFn | None = None) -> None:  # fmt: skip
         self._factory, self._auth, self._env = factory, auth, env
         self._worker_status = worker_status
+        self._semantic_status = semantic_status
 
     def login_page(self, status: int = 200, error: str | None = None) -> Response:
         auth = self._auth
@@ -145,6 +148,7 @@ class AdminPages:
         return render_page(
             self._env, "admin.html", 400 if error else 200, static=STATIC_PREFIX, error=error,
             dev_mode=self._auth.dev_mode, **range_fields(first, stop), **context,
+            semantic_bound=bound_view(self._semantic_status),
         )
 
     def login(self, request: Request, admin_token: str = Form("")) -> Response:
@@ -172,10 +176,13 @@ def build_admin_dashboard_router(
     settings: Settings,
     *,
     worker_status: WorkerStatusFn | None = None,
+    semantic_status: SemanticStatusFn | None = None,
 ) -> APIRouter:
-    """Admin pages and APIs; ``worker_status()`` returns one mapping per worker."""
+    """Admin pages and APIs; ``worker_status()`` returns one mapping per worker,
+    ``semantic_status()`` one per tenant (:mod:`web.semantic_view`)."""
     auth = AdminAuth(settings, session_factory)
-    pages = AdminPages(session_factory, auth, template_environment(), worker_status)
+    pages = AdminPages(session_factory, auth, template_environment(), worker_status,
+                       semantic_status)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
     _add_api_routes(router, session_factory, auth)

@@ -31,6 +31,7 @@ from web.dashboard_data import tenant_context
 from web.errors import ApiError
 from web.pages import add_static_route, render_page, template_environment
 from web.params import picked_range, range_fields
+from web.semantic_view import SemanticStatusFn, bound_view
 
 STATIC_PREFIX = "/dashboard/static"
 
@@ -38,8 +39,10 @@ STATIC_PREFIX = "/dashboard/static"
 class TenantPages:
     """Handlers of the tenant pages (thin: data comes from :mod:`web.dashboard_data`)."""
 
-    def __init__(self, factory: sessionmaker[Session], auth: TenantAuth, env: Environment) -> None:
+    def __init__(self, factory: sessionmaker[Session], auth: TenantAuth, env: Environment,
+                 semantic_status: SemanticStatusFn | None = None) -> None:  # fmt: skip
         self._factory, self._auth, self._env = factory, auth, env
+        self._semantic_status = semantic_status
 
     def login_page(self, status: int = 200, error: str | None = None) -> Response:
         return render_page(self._env, "login.html", status, static=STATIC_PREFIX, error=error,
@@ -57,6 +60,7 @@ class TenantPages:
         return render_page(
             self._env, "dashboard.html", 400 if error else 200, static=STATIC_PREFIX,
             error=error, tenant=principal.tenant_name, **range_fields(first, stop), **context,
+            semantic_bound=bound_view(self._semantic_status, principal.tenant_id),
         )
 
     def login(self, request: Request, api_key: str = Form("")) -> Response:
@@ -85,11 +89,12 @@ def build_dashboard_router(
     *,
     resolver: KeyResolver | None = None,
     tenant_auth: TenantAuth | None = None,
+    semantic_status: SemanticStatusFn | None = None,
 ) -> APIRouter:
     """The tenant dashboard; share ``tenant_auth`` with
     :func:`build_usage_api_router` (see :func:`web.app.include_web_routers`)."""
     auth = tenant_auth or TenantAuth(session_factory, session_secret(settings), resolver)
-    pages = TenantPages(session_factory, auth, template_environment())
+    pages = TenantPages(session_factory, auth, template_environment(), semantic_status)
     router = APIRouter(include_in_schema=False)
     add_static_route(router, STATIC_PREFIX)
     router.add_api_route("/dashboard", pages.dashboard, methods=["GET"])

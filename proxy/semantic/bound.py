@@ -30,7 +30,9 @@ Rule: serve entry ``e`` at score ``s`` (bin ``b``) for a tenant with bound ``del
      calibrated: its score estimates P(correct); the bin's lower edge is the cautious
      reading). Pooling scores ``>= s`` bounds the error of what serving from ``s``
      upward would serve (exploration samples the would-be hits at those scores); the
-     per-bin prior keeps evidence high up from opening a band never observed.
+     per-bin prior keeps evidence high up from opening a band never observed. Error
+     falls as the score rises, so ``mu(s)`` is the lowest such bound over the bins at
+     or below ``b``: where serving from a lower score is safe, a higher one is too.
    * ``post(e, s) = (kappa * mu(s) + w_e) / (kappa + n_e)``: the posterior mean of the
      entry's error under a Beta prior of strength ``kappa`` centred on ``mu(s)``, where
      ``w_e`` counts the entry's wrong observations at any score and ``n_e = w_e +`` its
@@ -42,7 +44,8 @@ gives ``mu`` near 0.5); a new entry in a tenant with good evidence at ``s`` is s
 there (``post = mu``); an entry seen right many times is served below the tenant's
 reach; one wrong observation on an entry stops it until about ``1/delta`` right ones
 outweigh it. Adding a correct observation never raises ``post``, adding a wrong one
-never lowers it (tests/proxy/semantic/test_bound.py).
+never lowers it, and a higher score never turns a serve into a refusal
+(tests/proxy/semantic/test_bound.py).
 
 Parameters (:class:`BoundConfig`): ``z`` (1.96), ``prior_weight`` (4 pseudo-observations),
 ``kappa`` (10).
@@ -165,8 +168,11 @@ class ErrorBound:
         return self._config
 
     def tenant_upper(self, tenant: Evidence, score: float) -> float:
-        """``mu(s)``: the bound of the tenant's error from ``score`` upward."""
-        b = score_bin(score)
+        """``mu(s)``: the bound of the tenant's error from ``score`` upward (the lowest
+        of the bounds from each bin at or below ``score``'s: monotone in the score)."""
+        return min(self._upper_from(tenant, b) for b in range(score_bin(score) + 1))
+
+    def _upper_from(self, tenant: Evidence, b: int) -> float:
         total, wrong = tenant.at_or_above(b)
         k = self._config.prior_weight
         prior_wrong = k * sum(1.0 - c / NUM_BINS for c in range(b, NUM_BINS))

@@ -4,6 +4,11 @@ app starts and closes."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from proxy.semantic.report import BoundCollector, bound_rows
 from proxy.semantic.service import SemanticCache
 from proxy.semantic.types import SemanticAnswer, SemanticHit, SemanticProbe, SemanticQuery
 
@@ -15,9 +20,20 @@ class SemanticCacheAdapter:
     def __init__(self, cache: SemanticCache, *, follow: bool = False) -> None:
         self.cache = cache
         self._follow = follow
+        self._names: dict[str, str] = {}  # tenant id -> name, for the figures
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Export the error bound's per-tenant figures on ``registry`` (/metrics)."""
+        registry.register(BoundCollector(self.bound_rows))
+
+    def bound_rows(self) -> list[dict[str, Any]]:
+        """The error bound's figures, one row per tenant (dashboards)."""
+        return bound_rows(self.cache.stats, self._names)
 
     async def lookup(self, query: SemanticQuery) -> SemanticHit | SemanticProbe | None:
         """The cache's verified hit for ``query``, its probe (to check), or None."""
+        if query.tenant_name:
+            self._names[str(query.tenant_id)] = query.tenant_name
         result = await self.cache.lookup_detailed(
             query.tenant_id, query.body, allow_sampled=query.allow_sampled,
             threshold=query.threshold, request_id=query.request_id,

@@ -3,7 +3,11 @@
 * ``DELETE /v1/cache/entries/{id}``      delete one of the caller's entries (another
                                            tenant's id is a 404, like a missing one)
 * ``POST /v1/cache/feedback``            ``{"entry_id" | "request_id", "feedback": "wrong"}``
-                                           invalidates the entry that answered
+                                           a wrong observation for the error bound (at the
+                                           score the hit was served at: by request id),
+                                           then invalidates the entry that answered; a
+                                           malformed id (not ``sem_`` + 32 hex digits, not
+                                           a UUID) is a 400
 * ``DELETE /admin/tenants/{name}/cache`` flush one tenant (admin dependency)
 
 Errors use OpenAI's shape. A store outage on these write paths is a 503.
@@ -12,6 +16,7 @@ Errors use OpenAI's shape. A store outage on these write paths is a 503.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +26,8 @@ from fastapi.responses import JSONResponse
 from proxy.semantic.service import SemanticCache
 
 TenantIdOf = Callable[[Any], "str | int"]
+ENTRY_ID_RE = re.compile(r"sem_[0-9a-f]{32}")
+REQUEST_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 ResolveTenant = Callable[[str], "Awaitable[str | int | None] | str | int | None"]
 
 
@@ -101,9 +108,12 @@ async def _parse_feedback(request: Request) -> tuple[str | None, str | None] | J
     if not isinstance(body, dict):
         return bad("body must be a JSON object", None)
     entry_id, request_id = body.get("entry_id"), body.get("request_id")
-    for name, value in (("entry_id", entry_id), ("request_id", request_id)):
-        if value is not None and (not isinstance(value, str) or not value):
-            return bad(f"{name} must be a non-empty string", name)
+    for name, value, form, what in (
+        ("entry_id", entry_id, ENTRY_ID_RE, "sem_ and 32 hex digits"),
+        ("request_id", request_id, REQUEST_ID_RE, "a UUID (x-kvtoll-request-id)"),
+    ):
+        if value is not None and (not isinstance(value, str) or not form.fullmatch(value)):
+            return bad(f"{name} must be {what}", name)
     if entry_id is None and request_id is None:
         return bad("give entry_id or request_id", "entry_id")
     if body.get("feedback") != "wrong":

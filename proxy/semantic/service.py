@@ -36,12 +36,13 @@ from proxy.semantic.bound import BoundConfig, ErrorBound
 from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.embedder import Embedder, MicroBatcher
 from proxy.semantic.explore import BoundedChooser, Choice, answers_agree, cosine
+from proxy.semantic.follow import Follower
 from proxy.semantic.index import FaissIndex
-from proxy.semantic.keys import CacheKey, NotCacheable, PartitionKey, build_cache_key
+from proxy.semantic.keys import CacheKey, NotCacheable, build_cache_key
 from proxy.semantic.mirror import IndexFactory, Mirror, Slot
 from proxy.semantic.stats import LookupResult, LookupTiming, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
-from proxy.semantic.types import SemanticHit, SemanticProbe
+from proxy.semantic.types import SemanticHit, SemanticProbe, is_complete
 from proxy.semantic.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -95,12 +96,12 @@ class SemanticCache:
         self._index_factory: IndexFactory = index_factory or FaissIndex
         self._clock = clock
         self._mirror = Mirror(embedder.dim, self._index_factory)
+        self.stats = SemanticStats()
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
-        self._cursor: str | None = None
+        self._follower = Follower(store, self._mirror, self.stats)
         self._task: asyncio.Task[None] | None = None
         self._chooser = BoundedChooser(store, ErrorBound(self._config.bound),
                                        self._config.explore_rate, rng or random.Random())
-        self.stats = SemanticStats()
 
     def set_capacity(self, tenant_id: str | int, capacity: TenantCapacity) -> None:
         """Apply a tenant's semantic capacity (its policy) to the store's evictions."""
@@ -335,7 +336,7 @@ class SemanticCache:
         self.stats.evictions += len(evicted)
         if entry.entry_id in evicted:  # larger than the tenant's whole byte limit
             return None
-        self._add_to_mirror(entry.entry_id, key.tenant_id, key.partition, key.query, entry.vector)
+        self._follower.add(entry.entry_id, key.tenant_id, key.partition, key.query, entry.vector)
         self.stats.stored += 1
         return entry.entry_id
 
@@ -408,66 +409,27 @@ class SemanticCache:
         """Entries in the local FAISS mirror (one tenant's, or all)."""
         return self._mirror.count(None if tenant_id is None else str(tenant_id))
 
-    def _add_to_mirror(
-        self, entry_id: EntryId, tenant_id: str, partition: PartitionKey, prompt: str,
-        vector: np.ndarray,
-    ) -> None:  # fmt: skip
-        self._mirror.add(Slot(entry_id, tenant_id, partition, prompt), vector)
-
     def apply(self, event: ChangeEvent) -> None:
         """Mirror one change made elsewhere."""
-        if event.op == "flush":
-            self._mirror.remove_tenant(event.tenant_id)
-        elif event.op == "delete" and event.entry_id is not None:
-            self._mirror.remove(event.entry_id)
-        elif event.op == "put" and event.entry_id and event.partition and event.vector is not None:
-            self._add_to_mirror(
-                event.entry_id, event.tenant_id, event.partition, event.prompt, event.vector
-            )
+        self._follower.apply(event)
 
     async def load(self) -> int:
         """Rebuild the mirror from the store (on start); returns entries mirrored."""
-        cursor, entries = await self._store.snapshot()
-        for entry in entries:
-            self._add_to_mirror(
-                entry.entry_id, entry.tenant_id, entry.partition, entry.prompt, entry.vector
-            )
-        self._cursor = cursor
-        return len(entries)
+        return await self._follower.load()
 
     async def sync(self, block_ms: int = 0) -> int:
         """Apply pending changes from other replicas; returns how many."""
-        self._cursor, events = await self._store.changes(self._cursor, block_ms)
-        for event in events:
-            self.apply(event)
-        return len(events)
+        return await self._follower.sync(block_ms)
 
     async def sweep(self) -> int:
         """Delete expired entries from the store and the mirror."""
-        removed = await self._store.expire()
-        for _, entry_id in removed:
-            self._mirror.remove(entry_id)
-        return len(removed)
+        return await self._follower.sweep()
 
     async def start(self) -> None:
         """Load the mirror, then follow other replicas' changes in the background."""
         await self.load()
-        self._task = asyncio.get_running_loop().create_task(self._follow())
-
-    async def _follow(self) -> None:
-        last_sweep = time.monotonic()
-        while True:
-            try:
-                await asyncio.sleep(0)  # always yield, whatever the store does
-                await self.sync(self._config.sync_block_ms)
-                if time.monotonic() - last_sweep >= self._config.sweep_interval_s:
-                    last_sweep = time.monotonic()
-                    await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.stats.store_errors += 1
-                await asyncio.sleep(1.0)
+        run = self._follower.run(self._config.sync_block_ms, self._config.sweep_interval_s)
+        self._task = asyncio.get_running_loop().create_task(run)
 
     async def aclose(self) -> None:
         """Stop following, close the store and the embedding thread."""
@@ -479,21 +441,3 @@ class SemanticCache:
         await self._store.aclose()
         self._batcher.close()
 
-
-def is_complete(answer: Mapping[str, Any], allow_tool_calls: bool) -> bool:
-    """Every choice finished with "stop" (or "tool_calls" when allowed)."""
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return False
-    for choice in choices:
-        if not isinstance(choice, Mapping):
-            return False
-        reason = choice.get("finish_reason")
-        message = choice.get("message")
-        has_tools = isinstance(message, Mapping) and bool(message.get("tool_calls"))
-        if has_tools or reason == "tool_calls":
-            if not allow_tool_calls or reason not in ("stop", "tool_calls"):
-                return False
-        elif reason != "stop":
-            return False
-    return True

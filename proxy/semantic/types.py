@@ -41,6 +41,7 @@ class SemanticQuery:
     allow_sampled: bool  # tenant allows hits for temperature > 0 requests
     capacity: TenantCapacity | None = None  # tenant policy: its semantic-cache limits
     max_error_rate: float | None = None  # tenant policy: the error bound (None: no bound)
+    tenant_name: str = ""  # for the figures shown per tenant (never part of a cache key)
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,22 @@ def _choice_text(choice: Mapping[str, Any]) -> str:
     if isinstance(message, Mapping):
         return str(message.get("content") or "")
     return str(choice.get("text") or "")
+
+
+def is_complete(answer: Mapping[str, Any], allow_tool_calls: bool) -> bool:
+    """Every choice finished with "stop" (or "tool_calls" when allowed)."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    for choice in choices:
+        if not isinstance(choice, Mapping):
+            return False
+        reason = choice.get("finish_reason")
+        message = choice.get("message")
+        has_tools = isinstance(message, Mapping) and bool(message.get("tool_calls"))
+        if has_tools or reason == "tool_calls":
+            if not allow_tool_calls or reason not in ("stop", "tool_calls"):
+                return False
+        elif reason != "stop":
+            return False
+    return True

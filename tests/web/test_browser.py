@@ -92,7 +92,18 @@ def site(sqlite_web_factory: sessionmaker[Session], settings: Settings) -> Itera
          "indexed_blocks": 65536}
         for i in (5, 6)
     ]
-    app = create_web_app(settings, factory, worker_status=lambda: workers)
+    # the rows the gateway's semantic cache reports (proxy.semantic.report.bound_rows)
+    semantic = [
+        {"tenant_id": alpha.tenant_id, "tenant": "alpha", "hits": 1234, "explored": 61,
+         "explored_checked": 60, "explored_wrong": 1, "feedback_wrong": 0,
+         "wrong_hit_rate": 1 / 60, "wrong_hit_rate_low": 0.0029, "wrong_hit_rate_high": 0.0886,
+         "max_error_rate": 0.02},
+        {"tenant_id": beta.tenant_id, "tenant": "beta-corp", "hits": 5, "explored": 0,
+         "explored_checked": 0, "explored_wrong": 0, "feedback_wrong": 0, "wrong_hit_rate": None,
+         "wrong_hit_rate_low": 0.0, "wrong_hit_rate_high": 1.0, "max_error_rate": 0.05},
+    ]
+    app = create_web_app(settings, factory, worker_status=lambda: workers,
+                         semantic_status=lambda: semantic)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -184,6 +195,8 @@ def test_tenant_dashboard_shows_the_ledger_and_downloads_invoices(
     _assert_money(page, "#total-billed", billed)
     _assert_money(page, "#total-list", listed)
     _assert_money(page, "#total-savings", listed - billed)
+    bound = page.locator("#semantic-bound tbody tr td").all_inner_texts()
+    assert bound == ["1,234", "61", "60", "1.67%", "0.29% – 8.86%", "2.00%"]
     _assert_tables_fit(page)
     drawn = page.evaluate(
         "['chart-requests','chart-layers','chart-hit-rates','chart-spend']"
@@ -218,7 +231,7 @@ def test_tenant_a_never_sees_tenant_b(site: Site, browser: object) -> None:
     _sign_in(page, site, site.alpha.first_key)
     _pick_range(page)
     html = page.content()
-    assert "beta-corp" not in html
+    assert "beta-corp" not in html and "5.00%" not in html  # beta's bound
     assert not any(key_id in html for key_id in site.beta.keys)
     assert page.locator(f"tr[data-invoice-id='{site.beta_invoice}']").count() == 0
     # The session cookie rides along with API calls made from the page's context.
@@ -262,6 +275,11 @@ def test_bad_key_is_refused_and_admin_sees_every_tenant(
     assert "inproc://engine" in workers and "True" not in workers
     statuses = page.locator("#workers tbody tr td:nth-child(2)").all_inner_texts()
     assert statuses == ["up", "down"]
+    rows = page.locator("#semantic-bound tbody tr")
+    assert rows.nth(0).locator("td").all_inner_texts() == [
+        "alpha", "1,234", "61", "60", "1.67%", "0.29% – 8.86%", "2.00%"]
+    assert rows.nth(1).locator("td").all_inner_texts() == [
+        "beta-corp", "5", "0", "0", "-", "-", "5.00%"]
     _assert_tables_fit(page)
     with site.factory() as session:
         totals = [ledger_money(session, s.tenant_id, PERIOD.start, PERIOD.end)

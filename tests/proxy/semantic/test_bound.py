@@ -47,6 +47,19 @@ def test_wrong_evidence_never_lowers_the_bound(obs, entry_obs, new, s) -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(obs=observations, entry_obs=observations, low=scores, high=scores, delta=deltas)
+def test_a_higher_score_is_never_less_servable(obs, entry_obs, low, high, delta) -> None:
+    low, high = min(low, high), max(low, high)
+    bound, tenant, entry = ErrorBound(), evidence(obs), evidence(entry_obs)
+    at_low, at_high = (
+        bound.decide(low, delta, entry, tenant),
+        bound.decide(high, delta, entry, tenant),
+    )
+    assert at_high.entry_error <= at_low.entry_error + 1e-12
+    assert at_high.serve or not at_low.serve
+
+
+@settings(max_examples=300, deadline=None)
 @given(s=scores, delta=st.floats(min_value=0.001, max_value=0.3), wrong_only=observations)
 def test_never_serves_without_positive_evidence(s, delta, wrong_only) -> None:
     """With no correct observation (prior only, or only wrong ones) no non-exact hit."""

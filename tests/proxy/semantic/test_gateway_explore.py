@@ -16,7 +16,15 @@ from proxy.semantic.gateway import SemanticCacheAdapter
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.store import InMemoryStore
 from proxy.semantic.verifier import LogisticVerifier
-from tests.proxy.helpers import MODEL, LiveServer, Tenants, build_app, settled_rows, wait_until
+from tests.proxy.helpers import (
+    ADMIN,
+    MODEL,
+    LiveServer,
+    Tenants,
+    build_app,
+    settled_rows,
+    wait_until,
+)
 from tests.proxy.scripted import ScriptedUpstream
 
 
@@ -60,6 +68,17 @@ def test_explored_hit_is_billed_as_a_miss_and_checked(
         assert stats.explored == 1 and stats.explored_wrong == 0 and stats.hits == 0
         repeat = _ask(server, tenants.key_a, "How do I reset my password?")
         assert repeat.headers["x-kvtoll-cache"] == "semantic"  # exact repeats: no exploring
+        metrics = httpx.get(server.url + "/metrics", headers=ADMIN).text
+    for line in ('kvtoll_semantic_tenant_hits_total{tenant="acme"} 1.0',
+                 'kvtoll_semantic_explored_total{tenant="acme"} 1.0',
+                 'kvtoll_semantic_explored_checked_total{tenant="acme"} 1.0',
+                 'kvtoll_semantic_explored_wrong_total{tenant="acme"} 0.0',
+                 'kvtoll_semantic_wrong_hit_rate{tenant="acme"} 0.0',
+                 'kvtoll_semantic_max_error_rate{tenant="acme"} 0.02'):
+        assert line in metrics, line
+    high = next(x for x in metrics.splitlines()
+                if x.startswith('kvtoll_semantic_wrong_hit_rate_high{tenant="acme"}'))
+    assert 0.5 < float(high.split()[-1]) < 1.0  # one check: a wide 95% interval
     assert len(upstream.seen) == 3
     rows = settled_rows(db, 4)
     by_request = {r.request_id: r for r in rows}

@@ -61,8 +61,10 @@ async def test_feedback_invalidates_by_request_id(
 ) -> None:
     cache, client = setup
     entry_id = await cache.store(1, chat("Who wrote Hamlet?"), answer("Marlowe"))
-    assert await cache.lookup(1, chat("Who wrote Hamlet?"), request_id="r-42") is not None
-    body = {"request_id": "r-42", "feedback": "wrong"}
+    rid = "0b6f8a52-3c1e-4d7a-9f00-5e2b8c9d1a34"
+    served = await cache.lookup(1, chat("Who wrote Hamlet?"), request_id=rid, max_error_rate=0.02)
+    assert served is not None
+    body = {"request_id": rid, "feedback": "wrong"}
     assert (
         await client.post("/v1/cache/feedback", json=body, headers={"x-tenant": "2"})
     ).status_code == 404
@@ -70,6 +72,9 @@ async def test_feedback_invalidates_by_request_id(
     assert resp.status_code == 200 and resp.json()["invalidated"] == entry_id
     assert await cache.lookup(1, chat("Who wrote Hamlet?")) is None
     assert cache.stats.invalidations == 1
+    assert cache.stats.tenant("1").feedback_wrong == 1
+    tenant, _ = await cache._store.evidence("1", [])
+    assert tenant.num_wrong == 1  # a wrong observation at the score it was served at
 
 
 @pytest.mark.parametrize(
@@ -78,16 +83,25 @@ async def test_feedback_invalidates_by_request_id(
         {"feedback": "wrong"},
         {"entry_id": 5, "feedback": "wrong"},
         {"entry_id": "x", "feedback": "ok"},
+        {"entry_id": "x", "feedback": "wrong"},
+        {"entry_id": "sem_" + "g" * 32, "feedback": "wrong"},
+        {"request_id": "r-42", "feedback": "wrong"},
+        {"request_id": "", "feedback": "wrong"},
+        {"request_id": "0b6f8a52-3c1e-4d7a-9f00-5e2b8c9d1a34\n", "feedback": "wrong"},
         [1],
     ],
 )
 async def test_bad_feedback_is_a_400_in_openai_shape(
     setup: tuple[SemanticCache, httpx.AsyncClient], body: object
 ) -> None:
-    _, client = setup
+    cache, client = setup
+    entry_id = await cache.store(1, chat("Who wrote Hamlet?"), answer("Marlowe"))
     resp = await client.post("/v1/cache/feedback", json=body, headers={"x-tenant": "1"})
     assert resp.status_code == 400
     assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    assert cache.num_mirrored(1) == 1 and entry_id is not None  # nothing changed
+    assert cache.stats.invalidations == 0
+    assert (await cache._store.evidence("1", []))[0].num_wrong == 0
 
 
 async def test_admin_flush(setup: tuple[SemanticCache, httpx.AsyncClient]) -> None:
