@@ -68,7 +68,7 @@ class Ideal:
     cached_tokens: int  # whole blocks
     cached_tokens_token_level: int
     semantic: bool
-    repeat: bool = False  # the same prompt was sent before (else a paraphrase, if semantic)
+    repeat: bool = False  # the same prompt got a complete answer before (an exact entry)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -85,15 +85,17 @@ def perfect_caches(requests: Sequence[SentRequest], block_size: int) -> list[Ide
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     earlier: dict[str, list[tuple[int, ...]]] = defaultdict(list)
     answered: dict[str, set[str]] = defaultdict(set)
+    complete_prompts: dict[str, set[tuple[int, ...]]] = defaultdict(set)
     out: list[Ideal] = []
     for r in requests:
         lcp = max((common_prefix(r.prompt_ids, p) for p in earlier[r.tenant]), default=0)
         out.append(Ideal(lcp // block_size * block_size, lcp,
                          r.question_class in answered[r.tenant],
-                         r.prompt_ids in earlier[r.tenant]))
+                         r.prompt_ids in complete_prompts[r.tenant]))
         earlier[r.tenant].append(r.prompt_ids)
         if r.finish_reason == COMPLETE:
             answered[r.tenant].add(r.question_class)
+            complete_prompts[r.tenant].add(r.prompt_ids)
     return out
 
 

@@ -62,6 +62,18 @@ def test_semantic_ideal_needs_an_earlier_complete_answer_to_the_same_question() 
     assert [i.semantic for i in perfect_caches(reqs, 16)] == [False, False, True, False, False]
 
 
+def test_a_repeat_is_an_exact_prompt_whose_earlier_answer_was_complete() -> None:
+    reqs = [
+        sent("Q", [1, 2], "x", finish="length"),  # cut: no exact entry
+        sent("Q", [1, 3], "x"),  # a paraphrase completes: the class is cacheable
+        sent("Q", [1, 2], "x"),  # the first prompt again: served by the paraphrase's entry
+        sent("Q", [1, 3], "x"),  # an exact repeat of a complete answer
+    ]
+    ideals = perfect_caches(reqs, 16)
+    assert [(i.semantic, i.repeat) for i in ideals] == [
+        (False, False), (False, False), (True, False), (True, True)]
+
+
 def test_a_hit_is_wrong_when_its_answer_came_from_another_question() -> None:
     reqs = [
         sent("Q", [1], "x", answer="Paris."),
