@@ -49,7 +49,8 @@ from engine.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, RMSN
 class PhaseTimer:
     """Exclusive seconds and calls per phase; :meth:`wrap` times one callable."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._children: list[float] = []
@@ -57,11 +58,11 @@ class PhaseTimer:
     def wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             self._children.append(0.0)
-            start = time.perf_counter()
+            start = self._clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - start
+                elapsed = self._clock() - start
                 inner = self._children.pop()
                 self.seconds[phase] += elapsed - inner
                 self.calls[phase] += 1

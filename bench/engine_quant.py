@@ -10,7 +10,7 @@ benchmark, not a test):
   forward on the same weights in bfloat16, and again with its linear layers replaced
   by the same int8 layers (:func:`engine.model.int8_linear.quantize_linears`).
 
-    python bench/engine_quant.py [--requests 16] [--ppl-tokens 1024]
+    python -m bench.engine_quant [--requests 16] [--ppl-tokens 1024]
 """
 
 from __future__ import annotations

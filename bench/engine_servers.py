@@ -63,16 +63,23 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def kvtoll_spec(dtype: str, log_dir: Path, linear_quant: str = "none") -> ServerSpec:
-    """``kvtoll worker``; ``linear_quant="int8"``: its labelled quantized path."""
+def kvtoll_spec(
+    dtype: str,
+    log_dir: Path,
+    linear_quant: str = "none",
+    model: str | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> ServerSpec:
+    """``kvtoll worker`` (on the bundled model unless ``model``); ``linear_quant="int8"``:
+    its labelled quantized path."""
     port = free_port()
     cmd = [
         str(Path(sys.executable).parent / "kvtoll"), "worker", "--port", str(port),
-        "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
+        "--dtype", dtype, "--max-model-len", str(max_model_len),
         "--kv-cache-mb", str(KV_CACHE_GIB * 1024), "--max-num-seqs", "64",
         "--max-batched-tokens", "512", "--served-model-name", MODEL_NAME,
         "--worker-token", WORKER_TOKEN, "--linear-quant", linear_quant,
-    ]  # fmt: skip
+    ] + (["--model", model] if model else [])  # fmt: skip
     env = _base_env()
     env["PYTHONPATH"] = str(ROOT)
     endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", MODEL_NAME, WORKER_TOKEN)

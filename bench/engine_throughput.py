@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/engine_throughput.py [--quick] [--dtype bfloat16] [--threads N]
+    .venv/bin/python -m bench.engine_throughput [--quick] [--dtype bfloat16] [--threads N]
 
 Workload (full): 64 requests, prompts of 32-512 random tokens, outputs of 32-256
 tokens with EOS ignored, all submitted at once to the engine (continuous batching).

@@ -1,0 +1,81 @@
+"""The engine benchmark's helpers: the HTTP driver against a real kvtoll worker
+process (tiny model), the answers' agreement, the phase timer's exclusive times, and
+the table's rows, ratios and merge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.engine_http import run_workload, text_agreement
+from bench.engine_profile import PhaseTimer
+from bench.engine_servers import kvtoll_spec, serving
+from bench.engine_table import chart, merge, rows, table
+from engine.api import TINY_MODEL
+
+
+def test_workload_through_a_real_worker(tmp_path: Path) -> None:
+    spec = kvtoll_spec("float32", tmp_path, model=TINY_MODEL, max_model_len=256)
+    prompts = [[5, 6, 7], [9] * 40, [11, 12]]
+    max_tokens = [4, 9, 1]
+    with serving(spec):
+        figures, texts = asyncio.run(run_workload(spec.endpoint, prompts, max_tokens))
+        again, texts_again = asyncio.run(run_workload(spec.endpoint, prompts, max_tokens))
+    assert figures["output_tokens"] == again["output_tokens"] == 14
+    assert 0 < figures["ttft_p50_s"] <= figures["ttft_p99_s"] <= figures["seconds"]
+    assert texts == texts_again  # greedy: the same answers twice
+    assert "kvtoll-worker.log" in {p.name for p in tmp_path.iterdir()}
+
+
+def test_text_agreement_counts_identical_and_common_prefixes() -> None:
+    got = text_agreement(["abcd", "abxx", ""], ["abcd", "abcd", ""])
+    assert got == {"identical_answers": 2, "answers": 3, "mean_common_prefix_fraction": 0.5}
+
+
+def test_phase_timer_charges_exclusive_time() -> None:
+    now = [0.0]
+
+    def clock() -> float:  # every reading advances time by one unit
+        now[0] += 1.0
+        return now[0]
+
+    timer = PhaseTimer(clock)
+    inner = timer.wrap("inner", lambda: None)
+    outer = timer.wrap("outer", lambda: [inner() for _ in range(3)])
+    outer()
+    assert timer.calls == {"inner": 3, "outer": 1}
+    # each inner call spans one tick; outer spans 7 ticks, 3 of them inside inner
+    assert timer.seconds == {"inner": 3.0, "outer": 4.0}
+
+
+def _result() -> dict[str, object]:
+    return {
+        "dtype": "bfloat16", "requests": 64, "prompt_tokens": 100,
+        "cpu": {"model_name": "Test CPU", "logical_cpus": 2, "amx": False},
+        "http": {"kvtoll": {"output_tokens_per_s": 120.0, "ttft_p50_s": 1.0, "ttft_p99_s": 2.0},
+                 "vllm": {"output_tokens_per_s": 100.0, "ttft_p50_s": 1.5, "ttft_p99_s": 3.0}},
+        "hf_transformers": {"output_tokens_per_s": 30.0},
+        "linear_bound": {"output_tokens_per_s_bound": 200.0},
+    }  # fmt: skip
+
+
+def test_rows_give_ratios_to_vllm_and_the_bound(tmp_path: Path) -> None:
+    got = {r["peer"]: r for r in rows(_result())}
+    assert got["kvtoll (HTTP worker)"]["vs_vllm_cpu"] == 1.2
+    assert got["kvtoll (HTTP worker)"]["fraction_of_linear_bound"] == 0.6
+    assert got["HF transformers generate"]["ttft_p50_s"] is None
+    assert "Test CPU" in table(_result()) and "AMX: no" in table(_result())
+    chart(_result(), tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_merge_joins_split_runs_and_refuses_other_workloads() -> None:
+    first = _result()
+    second = {"requests": 64, "http": {"kvtoll-int8": {"output_tokens_per_s": 150.0}}}
+    merged = merge([json.loads(json.dumps(first)), second])
+    assert set(merged["http"]) == {"kvtoll", "vllm", "kvtoll-int8"}
+    with pytest.raises(ValueError, match="requests"):
+        merge([first, {"requests": 16}])
