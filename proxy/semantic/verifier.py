@@ -253,17 +253,26 @@ class CrossEncoderVerifier:
         out = [-1.0] * len(pairs)
         todo: list[int] = []
         for n, (query, prompt) in enumerate(pairs):
-            if _operators(prompt) != _operators(query):
-                out[n] = 0.0
-            elif _normalised(query) and _normalised(prompt) == _normalised(query):
-                out[n] = 1.0
-            else:
+            ruled = rule_score(query, prompt)
+            if ruled is None:
                 todo.append(n)
+            else:
+                out[n] = ruled
         if todo:
             probs = self._model.probabilities([pairs[n] for n in todo])
             for n, p in zip(todo, probs.tolist(), strict=True):
                 out[n] = float(p)
         return out
+
+
+def rule_score(query: str, prompt: str) -> float | None:
+    """What the rules decide without a model: 0 where the arithmetic operators differ,
+    1 for an exact repeat; None where a model must read the pair."""
+    if _operators(prompt) != _operators(query):
+        return 0.0  # 10 - 4 vs 10 + 4, x < y vs x > y
+    if exact_repeat(query, prompt):
+        return 1.0
+    return None
 
 
 def load_cross_encoder_verifier(
