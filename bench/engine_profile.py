@@ -21,7 +21,7 @@ python_other   the rest of each engine step (Python between the phases)
 The timers cost ~1 us a call (~300 calls a step), charged to the phase they wrap;
 the untimed run's seconds are reported beside the timed run's for comparison.
 
-    python bench/engine_profile.py [--dtype bfloat16] [--quick]
+    python -m bench.engine_profile [--dtype bfloat16] [--quick]
 """
 
 from __future__ import annotations

@@ -97,8 +97,8 @@ def _build_model(
     model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
     if linear_quant == "int8":
         quantize_linears(model)  # engine.model.int8_linear: the opt-in quantized path
-    elif device == "cpu" and (packing := best_packing()) is not None:
-        pack_linears(model, packing)  # engine.model.packed_linear: its measurements
+    if device == "cpu" and (packing := best_packing()) is not None:
+        pack_linears(model, packing)  # the rest (all, without int8); engine.model.packed_linear
     return model
 
 

@@ -66,7 +66,7 @@ def test_quantizing_a_model_keeps_its_state_and_tied_head() -> None:
     model = load_model(config).model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]  # packed ones here
-    assert quantize_linears(model) == len(linears) > 0
+    assert quantize_linears(model, keep=frozenset()) == len(linears) > 0
     assert all(isinstance(m, Int8DynamicLinear) for m in model.modules()
                if isinstance(m, nn.Linear))  # fmt: skip
     after = model.state_dict()
@@ -76,9 +76,20 @@ def test_quantizing_a_model_keeps_its_state_and_tied_head() -> None:
         assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+def test_down_projections_keep_their_dtype() -> None:
+    model = load_model(EngineConfig.tiny()).model
+    num_layers = len(model.model.layers)
+    replaced = quantize_linears(model)
+    assert replaced == sum(isinstance(m, Int8DynamicLinear) for m in model.modules())
+    assert replaced == 3 * num_layers + 1  # qkv, o, gate_up per layer, and the head
+    assert not any(isinstance(layer.mlp.down_proj, Int8DynamicLinear)
+                   for layer in model.model.layers)  # fmt: skip
+
+
 def test_engine_generates_on_int8_linears() -> None:
     loaded = load_model(EngineConfig.tiny(linear_quant="int8"))
     assert any(isinstance(m, Int8DynamicLinear) for m in loaded.model.modules())
+    assert type(loaded.model.model.layers[0].mlp.down_proj).__name__ != "Int8DynamicLinear"
     engine = build_llm_engine(EngineConfig.tiny(linear_quant="int8"), loaded)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     out = engine.generate_sync([GenerationRequest("a", (5, 6, 7, 8), params)])
