@@ -31,6 +31,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
@@ -306,7 +307,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, PhaseResult] = {}
     for phase in args.phases.split(","):
         workload.rng = random.Random(args.seed)  # the same A and B prompts in every phase
+        started = time.perf_counter()
         results[phase] = await run_phase(args, phase, workload, reserved)
+        print(f"phase {phase}: {len(results[phase].a)} A requests, {results[phase].b_done} B, "
+              f"{time.perf_counter() - started:.1f} s with the worker's start",
+              file=sys.stderr, flush=True)
     out: dict[str, Any] = {
         "config": {k: v for k, v in vars(args).items() if k != "plot"},
         "a_reserved_blocks": reserved,

@@ -161,14 +161,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--interval", type=float, default=0.05, help="seconds between requests")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait per trial")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--database-url", default="", help="default: SQLite in a temporary dir")
-    print(json.dumps(asyncio.run(run(ap.parse_args(argv))), indent=2))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    print(json.dumps(asyncio.run(run(build_parser().parse_args(argv))), indent=2))
 
 
 if __name__ == "__main__":
