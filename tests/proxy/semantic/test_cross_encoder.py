@@ -15,6 +15,7 @@ from proxy.semantic.cross_encoder import (
     pack_state,
     unpack_state,
 )
+from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.verifier import CrossEncoderVerifier, load_cross_encoder_verifier
 
 PAIRS = [
@@ -110,3 +111,17 @@ def test_max_candidates_reads_only_the_most_similar() -> None:
     assert scores[0] == 0.0 and scores[1] == 1.0 and scores[2] == pytest.approx(full, abs=1e-9)
     with pytest.raises(ValueError):
         CrossEncoderVerifier(CrossEncoder(config, arrays), max_candidates=0)
+
+
+@shipped
+def test_the_hand_written_near_misses_are_not_served(
+    embedder: SentenceTransformerEmbedder, cross_verifier: CrossEncoderVerifier
+) -> None:
+    """The logistic verifier's near-miss list (negation, numbers, units, entities,
+    direction, opposite verbs, operators, swaps), through the cross-encoder."""
+    from tests.proxy.semantic.test_verifier import NEAR_MISSES, SWAPS_AND_QUESTION_WORDS
+
+    for kind, cached, query in NEAR_MISSES + SWAPS_AND_QUESTION_WORDS:
+        va, vb = embedder.embed([cached, query])
+        score = cross_verifier.score(query, cached, float(va @ vb))
+        assert score < cross_verifier.default_threshold, f"{kind}: served {query!r} for {cached!r}"
