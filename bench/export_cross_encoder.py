@@ -159,9 +159,16 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
         dump.sort(key=lambda d: -d["score"])
         args.dump.write_text("".join(json.dumps(d) + "\n" for d in dump))
     best_arr, right_arr = np.asarray(best), np.asarray(right, dtype=np.int64)
-    threshold = choose_threshold(best_arr, right_arr, args.target_precision)
-    served = best_arr >= threshold
     probs = np.asarray([prob(r, calib[r]) for r in range(len(rows))])
+    try:
+        threshold = choose_threshold(best_arr, right_arr, args.target_precision)
+        rule = f"per-query precision >= {args.target_precision} on calib"
+    except ValueError as exc:  # QQP labels only the own pair: see the closing note
+        print(f"note: {exc}; threshold from pairwise precision >= {args.pairwise_target}",
+              file=sys.stderr)
+        threshold = choose_threshold(probs, labels, args.pairwise_target)
+        rule = f"pairwise precision >= {args.pairwise_target} on calib (per-query unreachable)"
+    served = best_arr >= threshold
     meta = {
         "checkpoint_step": int(ckpt.get("step", 0)),
         "seed": int(ckpt.get("seed", 0)),
@@ -174,6 +181,7 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
             "stored_prompts": len(pairs),
             "candidates": args.candidates,
             "target_precision_per_query": args.target_precision,
+            "threshold_rule": rule,
             "min_sim_recall": args.min_sim_recall,
             "per_query_precision": round(float(right_arr[served].mean()), 4),
             "per_query_recall": round(float(right_arr[served].sum() / labels.sum()), 4),
@@ -206,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="folder of embeddings shared with kvtoll bench semantic")
     parser.add_argument("--max-candidates", type=int, default=2,
                         help="candidates the cross-encoder reads per lookup (most similar first)")
+    parser.add_argument("--pairwise-target", type=float, default=0.95,
+                        help="pairwise calib precision, where the per-query target is out of reach")
     parser.add_argument("--dump", type=Path, default=None,
                         help="JSONL: each calib query's best candidate, best score first")
     parser.add_argument("--threads", type=int, default=2)

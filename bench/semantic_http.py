@@ -60,6 +60,7 @@ def serve_gateway(
     embed_memo: int,
     embed_workers: int,
     embed_threads: int,
+    verifier: str = "logistic",
 ) -> None:
     import uvicorn
 
@@ -85,7 +86,9 @@ def serve_gateway(
         embed_workers=embed_workers,
         embed_threads_per_worker=embed_threads or None,
     )
-    cache = build_semantic_cache(None, config=config)
+    cache = build_semantic_cache(
+        None, config=config, verifier="cross-encoder" if verifier == "cross-encoder" else "logistic"
+    )
     app = create_app(
         settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
         session_factory=session_factory(make_engine(database_url)), models=[po.MODEL],
@@ -210,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 str(args.embed_memo),
                 str(args.embed_workers),
                 str(args.embed_threads),
+                args.verifier,
             )
         )
         po.wait_ready(proxied, procs[1], timeout_s=300)
@@ -226,6 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "questions_stored": warmed,
+        "verifier": args.verifier,
         "embed_memo": args.embed_memo,
         "embed_workers": args.embed_workers,
         "embed_threads_per_worker": args.embed_threads or "torch default",
@@ -245,12 +250,14 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
         upstream, database, data_dir = sys.argv[2:5]
         port, memo, workers, threads = (int(a) for a in sys.argv[5:9])
-        serve_gateway(upstream, database, data_dir, port, memo, workers, threads)
+        verifier = sys.argv[9] if len(sys.argv) > 9 else "logistic"
+        serve_gateway(upstream, database, data_dir, port, memo, workers, threads, verifier)
         return
     from proxy.semantic.service import SemanticConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--verifier", choices=("logistic", "cross-encoder"), default="logistic")
     parser.add_argument("--upstream-ms", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)

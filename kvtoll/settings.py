@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
     # the semantic cache's verifier (KVTOLL_SEMANTIC_VERIFIER): cross-encoder or logistic;
-    # None: the cross-encoder where its weights ship
+    # None: proxy.semantic.factory.default_verifier()
     semantic_verifier: Literal["cross-encoder", "logistic"] | None = None
     admin_token: SecretStr = SecretStr("")
     secret: SecretStr = SecretStr("")

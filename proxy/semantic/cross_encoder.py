@@ -32,6 +32,7 @@ from proxy.semantic.padding import length_groups, pad_rows
 WEIGHTS_FILE = "cross_encoder.npz"
 CONFIG_FILE = "cross_encoder.json"
 SCALE_SUFFIX = "::scale"
+MAX_BATCH = 64  # pairs per forward pass
 Precision = Literal["int8", "fp32", "bf16"]
 
 
@@ -228,7 +229,12 @@ class CrossEncoder:
         ids = [e.ids for e in encodings]
         types = [e.type_ids for e in encodings]
         out = np.zeros(len(pairs), dtype=np.float64)
-        for length, idx in length_groups([len(r) for r in ids], cap=self._config.max_len):
+        chunks = [
+            (length, idx[start : start + MAX_BATCH])
+            for length, idx in length_groups([len(r) for r in ids], cap=self._config.max_len)
+            for start in range(0, len(idx), MAX_BATCH)
+        ]  # bounded batches: many pairs of one length would otherwise take gigabytes
+        for length, idx in chunks:
             batch_ids, mask = pad_rows([ids[i] for i in idx], length)
             batch_types, _ = pad_rows([types[i] for i in idx], length)
             with torch.inference_mode(), torch.autocast(

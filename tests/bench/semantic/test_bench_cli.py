@@ -75,3 +75,32 @@ def test_missing_file_and_bad_threshold(tmp_path: Path) -> None:
     path.write_text(json.dumps(PAIRS[0]) + "\n")
     result = CliRunner().invoke(cli(), ["--pairs", str(path), "--threshold", "1.5"])
     assert result.exit_code == 2
+
+
+def test_both_readings_the_curve_and_the_plot(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    png = tmp_path / "curve.png"
+    result = CliRunner().invoke(cli(), ["--pairs", str(path), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    at = report["per_query"]["at_threshold"]
+    assert at["hits"] == report["hits"] and at["false_hits"] == report["false_hits"]
+    assert report["per_query"]["curve"] and report["peer_gptcache_similarity_0.8"]["curve"]
+    pairwise = report["pairwise"]
+    assert pairwise["pairs"] == 4 and 0.0 <= pairwise["average_precision"] <= 1.0
+    assert 0.0 <= pairwise["roc_auc"] <= 1.0
+    assert report["peer_gptcache_similarity_0.8"]["at_our_hit_rate"]["hits"] <= report["hits"]
+    hard = report["hard_cases_heldout"]
+    assert hard["near_misses"] + hard["paraphrases"] == hard["total"]["total"]
+    assert hard["near_misses_served"] == len(hard["near_misses_served_list"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_verifier_and_plot_suffix_are_one_line_errors(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(PAIRS[0]) + "\n")
+    result = CliRunner().invoke(cli(), ["--pairs", str(path), "--verifier", "magic"])
+    assert result.exit_code == 2 and "--verifier" in result.output
+    result = CliRunner().invoke(cli(), ["--pairs", str(path), "--plot", str(tmp_path / "x.gif")])
+    assert result.exit_code == 2 and ".png" in result.output

@@ -15,6 +15,7 @@ from proxy.semantic.cross_encoder import (
     pack_state,
     unpack_state,
 )
+from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.verifier import CrossEncoderVerifier, load_cross_encoder_verifier
 
 PAIRS = [
@@ -74,10 +75,11 @@ def test_a_pairs_score_does_not_depend_on_its_batch(cross_verifier: CrossEncoder
 
 @shipped
 def test_score_many_is_one_batch_of_the_pairs(cross_verifier: CrossEncoderVerifier) -> None:
+    uncapped = CrossEncoderVerifier(cross_verifier.model)
     query = PAIRS[0][0]
     prompts = [b for _, b in PAIRS]
-    many = cross_verifier.score_many(query, [(p, 0.9) for p in prompts])
-    one_by_one = [cross_verifier.score(query, p, 0.9) for p in prompts]
+    many = uncapped.score_many(query, [(p, 0.9) for p in prompts])
+    one_by_one = [uncapped.score(query, p, 0.9) for p in prompts]
     np.testing.assert_allclose(many, one_by_one, atol=1e-9)
     assert all(0.0 <= s <= 1.0 for s in many)
 
@@ -109,3 +111,17 @@ def test_max_candidates_reads_only_the_most_similar() -> None:
     assert scores[0] == 0.0 and scores[1] == 1.0 and scores[2] == pytest.approx(full, abs=1e-9)
     with pytest.raises(ValueError):
         CrossEncoderVerifier(CrossEncoder(config, arrays), max_candidates=0)
+
+
+@shipped
+def test_the_hand_written_near_misses_are_not_served(
+    embedder: SentenceTransformerEmbedder, cross_verifier: CrossEncoderVerifier
+) -> None:
+    """The logistic verifier's near-miss list (negation, numbers, units, entities,
+    direction, opposite verbs, operators, swaps), through the cross-encoder."""
+    from tests.proxy.semantic.test_verifier import NEAR_MISSES, SWAPS_AND_QUESTION_WORDS
+
+    for kind, cached, query in NEAR_MISSES + SWAPS_AND_QUESTION_WORDS:
+        va, vb = embedder.embed([cached, query])
+        score = cross_verifier.score(query, cached, float(va @ vb))
+        assert score < cross_verifier.default_threshold, f"{kind}: served {query!r} for {cached!r}"
