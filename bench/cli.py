@@ -102,8 +102,8 @@ def _stream_command(pairs: Path, limit: int | None, max_error_rate: float, explo
         fail(f"--max-error-rate must be in (0, 1), got {max_error_rate}")
     if not 0.0 <= explore_rate <= 1.0 or not 0.0 <= repeat_rate < 1.0:
         fail("--explore-rate must be in [0, 1] and --repeat-rate in [0, 1)")
-    if limit is not None and limit < 1:
-        fail("--limit must be positive")
+    if (limit is not None and limit < 1) or seed < 0:
+        fail("--limit must be positive and --seed >= 0")
     if plot is not None and not plot.parent.is_dir():
         fail(f"--plot: no such directory: {plot.parent}")
     try:

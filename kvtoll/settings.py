@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     progress_every_tokens: int = Field(default=16, ge=1)
     progress_every_ms: int = Field(default=500, ge=1)
     access_log: bool = False  # gateway: one INFO line per request served (uvicorn's)
+    # gateway: share of the semantic hits the error bound would serve that are answered by
+    # the engine instead and compared (proxy.semantic.explore), billed as misses
+    semantic_explore_rate: float = Field(default=0.05, ge=0, le=1)
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:

@@ -238,9 +238,13 @@ def _local_parts(settings: Settings) -> _Parts:
 def _load_semantic_cache(settings: Settings) -> SemanticCache:
     """The semantic cache with its embedder loaded (run beside the engine's load)."""
     from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.service import SemanticConfig
 
+    config = SemanticConfig(explore_rate=settings.semantic_explore_rate)
     with start_phase("semantic cache (embedder load)"):
-        return build_semantic_cache(settings.redis_url, verifier=settings.semantic_verifier)
+        return build_semantic_cache(
+            settings.redis_url, config=config, verifier=settings.semantic_verifier
+        )
 
 
 def _add_semantic(parts: _Parts, settings: Settings, factory: sessionmaker[Session],

@@ -219,13 +219,14 @@ async def run_stream_bench(pairs: list[Pair], config: StreamConfig) -> dict[str,
     oracle = Oracle(pairs)
     store_config = StoreConfig(capacity_per_tenant=max(1, len(stream)))
 
-    def cache(seed: int) -> SemanticCache:
-        return SemanticCache(embedder, InMemoryStore(store_config), verifier,
+    def cache(store: InMemoryStore) -> SemanticCache:
+        return SemanticCache(embedder, store, verifier,
                              SemanticConfig(explore_rate=config.explore_rate, embed_workers=1),
-                             rng=random.Random(seed))  # fmt: skip
+                             rng=random.Random(config.seed))  # fmt: skip
 
-    bounded = StreamRun(cache(config.seed), embedder, oracle, config.max_error_rate)
-    fixed = StreamRun(cache(config.seed), embedder, oracle, None)
+    bounded_store = InMemoryStore(store_config)
+    bounded = StreamRun(cache(bounded_store), embedder, oracle, config.max_error_rate)
+    fixed = StreamRun(cache(InMemoryStore(store_config)), embedder, oracle, None)
     seen: set[str] = set()
     oracle_repeat = oracle_paraphrase = 0
     every = max(1, len(stream) // config.checkpoints)
@@ -253,6 +254,9 @@ async def run_stream_bench(pairs: list[Pair], config: StreamConfig) -> dict[str,
         "bound_stats": vars(bounded.cache.stats.tenant(TENANT)) | {
             "measured_wrong_hit_rate": bounded.cache.stats.tenant(TENANT).wrong_hit_rate()},
     }  # fmt: skip
+    evidence, _ = await bounded_store.evidence(TENANT, [])
+    report["tenant_evidence_by_score_bin"] = {  # bin b: scores in [b/20, (b+1)/20)
+        "correct": list(evidence.correct), "wrong": list(evidence.wrong)}
     for run in (bounded, fixed):
         await run.cache.aclose()
     return report

@@ -73,6 +73,7 @@ def test_small_stream_through_both_caches(tmp_path: Path) -> None:
         (["--explore-rate", "1.5"], "--explore-rate"),
         (["--repeat-rate", "1"], "--repeat-rate"),
         (["--limit", "0"], "--limit must be positive"),
+        (["--seed", "-3"], "--seed >= 0"),
         (["--plot", "/no/such/dir/x.png"], "--plot: no such directory"),
     ],
 )

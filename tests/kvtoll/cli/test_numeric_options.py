@@ -37,6 +37,7 @@ CASES: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {
     },
     ("tenant", "policy", "acme"): {
         "--semantic-threshold": FLOAT_BAD, "--kv-reserved-blocks": INT_BAD,
+        "--semantic-max-error-rate": FLOAT_BAD,
     },
     ("key", "create", "acme"): {"--rpm": INT_BAD, "--tpm": INT_BAD},
     ("price", "set", "m", "--input", "1", "--cached-input", "0.5", "--output", "2",
@@ -49,6 +50,10 @@ CASES: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {
     },
     ("bench", "semantic", "--pairs", TRACE): {
         "--threshold": FLOAT_BAD, "--limit": UNBOUNDED_INT_BAD, "--candidates": INT_BAD,
+    },
+    ("bench", "semantic", "--stream", "--pairs", TRACE): {
+        "--max-error-rate": FLOAT_BAD, "--explore-rate": FLOAT_BAD, "--repeat-rate": FLOAT_BAD,
+        "--seed": UNBOUNDED_INT_BAD,
     },
     ("bench", "routing", "--trace", TRACE): {
         "--workers": INT_BAD, "--cache-tokens": UNBOUNDED_INT_BAD, "--block-size": INT_BAD,
