@@ -19,6 +19,9 @@ def test_on_and_off_interleaved_with_ratio_and_spread() -> None:
     assert len(out["on_output_tokens_per_s"]) == len(out["off_output_tokens_per_s"]) == 2
     assert out["pair_ratio_min"] <= out["on_vs_off"] * 1.5
     assert out["on_vs_off"] == pytest.approx(out["on_median"] / out["off_median"], rel=1e-2)
+    best = max(out["on_output_tokens_per_s"]) / max(out["off_output_tokens_per_s"])
+    assert out["on_vs_off_best"] == pytest.approx(best, rel=1e-2)
+    assert out["pair_ratio_min"] <= out["pair_ratio_median"] <= out["pair_ratio_max"]
 
 
 def test_on_side_sets_the_tenant_reservation(monkeypatch: pytest.MonkeyPatch) -> None:
