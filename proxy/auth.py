@@ -165,6 +165,9 @@ class KeyAuthenticator:
             return running
         if len(self._inflight) >= self._max_lookups:
             return None
+        # the answer is as fresh as the moment the query started, not when it landed:
+        # counting ttl_s from here keeps a policy change's reach within ttl_s
+        started = self._clock()
         future = in_daemon_thread(lambda: self._lookup(token), "kvtoll-auth")
         self._inflight[digest] = future
 
@@ -181,7 +184,7 @@ class KeyAuthenticator:
             if self._failing:
                 log.info("auth: key store answers again")
             self._failing = False
-            self._store(digest, done.result(), self._clock())
+            self._store(digest, done.result(), started)
 
         future.add_done_callback(landed)
         return future

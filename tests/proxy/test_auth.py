@@ -93,6 +93,38 @@ def test_revoked_key_stops_within_ttl(db: sessionmaker[Session], tenants: Tenant
         auth.authenticate(header)
 
 
+class SlowFactory(CountingFactory):
+    """A lookup that takes ``lag_s`` of the (fake) clock to answer."""
+
+    def __init__(self, factory: sessionmaker[Session], clock: Clock, lag_s: float) -> None:
+        super().__init__(factory)
+        self.clock, self.lag_s = clock, lag_s
+
+    def __call__(self) -> Session:
+        self.clock.now += self.lag_s
+        return super().__call__()
+
+
+def test_ttl_counts_from_when_the_lookup_started(
+    db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    """The gateway's path (resolve): a slow database answer is as old as the query that
+    fetched it, so a revocation or policy change reaches it within ttl_s of the query,
+    not ttl_s after the answer landed."""
+    clock = Clock()
+    slow = SlowFactory(db, clock, lag_s=1.5)
+    auth = _auth(slow, clock, ttl_s=5.0)
+    header = f"Bearer {tenants.key_a}"
+    started = clock.now
+    assert asyncio.run(auth.resolve(header)).tenant_id == tenants.tenant_a
+    with db.begin() as session:
+        accounts.revoke_key(session, tenants.key_a_id)
+    slow.lag_s = 0.0
+    clock.now = started + 5.01  # 3.5 s after the answer landed, 5 s after it was asked
+    with pytest.raises(AuthError):
+        asyncio.run(auth.resolve(header))
+
+
 def test_database_outage_uses_last_known_answer(
     db: sessionmaker[Session], tenants: Tenants
 ) -> None:
