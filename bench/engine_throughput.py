@@ -370,6 +370,8 @@ def main() -> None:
         result["http"] = run_http_peers(
             names, args.dtype, work.prompts, work.max_tokens, PEERS / "logs", lock=args.cpu_lock
         )
+        if args.out:  # kept before the in-process part waits for the lock again
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
     with cpu_lock(args.cpu_lock):
         in_process(args, loaded, config, work, result)
     result["table"] = rows(result)
