@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo root, for bench.*
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # bench/ itself must not be on the path: bench/kernels.py shadows the ``kernels``
+    # package that transformers probes for (the cross-encoder imports BertModel)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx
 

@@ -26,6 +26,11 @@ from typing import Any
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as ``python bench/<script>.py``: bench/kernels.py must not
+    import sys  # shadow the ``kernels`` package transformers probes for: the repo root instead
+
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 from proxy.semantic.embedder import SentenceTransformerEmbedder
 from proxy.semantic.index import FaissIndex, IndexConfig
 from proxy.semantic.keys import CacheKey

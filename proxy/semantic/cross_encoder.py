@@ -188,6 +188,7 @@ class CrossEncoder:
         precision: Precision = "int8",
         tokenizer_path: Path | None = None,
         trace: bool = True,
+        threads: int | None = 1,
     ) -> None:
         import torch
         from tokenizers import Tokenizer
@@ -214,6 +215,11 @@ class CrossEncoder:
         tokenizer.enable_truncation(config.max_len)
         self._tokenizer = tokenizer
         self._lock = threading.Lock()  # the Rust tokenizer is not re-entrant across threads
+        # torch intra-op threads of each calling thread, as the embedder's workers use
+        # (None: torch's process-wide setting); two OpenMP threads on a busy 2-core
+        # machine spin on each other, one thread per lookup does not
+        self._threads = threads
+        self._limited: set[int] = set()
 
     @property
     def config(self) -> CrossEncoderConfig:
@@ -224,6 +230,11 @@ class CrossEncoder:
         if not pairs:
             return np.zeros(0, dtype=np.float64)
         torch = self._torch
+        if self._threads is not None and threading.get_ident() not in self._limited:
+            from proxy.semantic.omp_threads import limit_this_thread
+
+            limit_this_thread(self._threads)
+            self._limited.add(threading.get_ident())
         with self._lock:
             encodings = self._tokenizer.encode_batch([(a, b) for a, b in pairs])
         ids = [e.ids for e in encodings]
