@@ -34,9 +34,15 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
+def postgres_base_url() -> str:
+    """The configured PostgreSQL server's URL (for code that makes its own databases)."""
+    return _service_url("KVTOLL_TEST_DATABASE_URL", "PostgreSQL")
+
+
+@pytest.fixture
+def postgres_url(postgres_base_url: str) -> Iterator[str]:
     """URL of a new, empty PostgreSQL database, dropped after the test."""
-    base = make_url(_service_url("KVTOLL_TEST_DATABASE_URL", "PostgreSQL"))
+    base = make_url(postgres_base_url)
     name = f"kvtoll_t_{uuid.uuid4().hex[:16]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     try:

@@ -7,7 +7,6 @@ most of it loading the models, so it is not a test: run ``bench/economics.py``.)
 
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import UTC, datetime
 
@@ -25,13 +24,8 @@ MODEL = "econ-test-model"
 
 
 @pytest.fixture
-def ledger() -> Ledger:
-    base = os.environ.get("KVTOLL_TEST_DATABASE_URL", "").strip()
-    if not base:
-        if os.environ.get("KVTOLL_REQUIRE_SERVICES") == "1":
-            pytest.fail("KVTOLL_REQUIRE_SERVICES=1 but KVTOLL_TEST_DATABASE_URL is not set")
-        pytest.skip("PostgreSQL not configured: set KVTOLL_TEST_DATABASE_URL")
-    return Ledger(base)
+def ledger(postgres_base_url: str) -> Ledger:
+    return Ledger(postgres_base_url)
 
 
 def _entry(tenant_id: int, key_id: str, served_by: ServedBy, prompt: int, cached: int,
