@@ -10,7 +10,7 @@ import hashlib
 import hmac
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvtoll.dev_secret import dev_secret
@@ -147,6 +147,27 @@ class Settings(BaseSettings):
         return self.dev_mode and not self.metrics_token.get_secret_value()
 
 
+class SettingsError(ValueError):
+    """A setting (``KVTOLL_*`` variable or override) that is not valid, in one line."""
+
+
+def _describe(exc: ValidationError, overrides: dict[str, object]) -> str:
+    """One line naming each bad setting: its variable (or the override) and why."""
+    parts = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else "settings"
+        name = f"--{field.replace('_', '-')}" if field in overrides else f"KVTOLL_{field.upper()}"
+        value = error.get("input")
+        shown = "" if isinstance(value, dict) or value is None else f"={value}"
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{name}{shown}: {reason[:1].lower()}{reason[1:]}")
+    return "; ".join(parts)
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Read the environment once; ``overrides`` win over it (CLI flags, tests)."""
-    return Settings(**overrides)  # type: ignore[arg-type]
+    """Read the environment once; ``overrides`` win over it (CLI flags, tests).
+    ``SettingsError`` (one line naming the variable) when a value is not valid."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SettingsError(f"invalid setting {_describe(exc, overrides)}") from None

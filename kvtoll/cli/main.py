@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer vendors click
 
+from kvtoll.settings import SettingsError
+
 
 @dataclass(frozen=True)
 class LazyCommand:
@@ -91,6 +93,9 @@ def run(argv: Sequence[str]) -> int:
         message = " ".join(exc.format_message().split())
         typer.echo(f"error: {message} (see --help)", err=True)
         return exc.exit_code
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
     except typer.Abort:
         typer.echo("error: aborted", err=True)
         return 1
