@@ -10,47 +10,21 @@ Caller mistakes print one line and exit 2 with nothing written.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from sqlalchemy import select
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from billing.accounts import require_tenant
-from billing.db import make_engine, session_factory
+from billing.cli_support import session as open_session
 from billing.errors import BillingError
 from billing.invoice_export import KIND_LABELS, ExportFormat, exact_usd, load_document, render
 from billing.invoice_preview import InvoicePreview, preview_invoice, preview_json
 from billing.invoices import close_period, list_invoices, parse_period, tenants_to_invoice
 from billing.models import Invoice, Tenant
-from billing.schema import schema_problem
 from kvtoll.cli.errors import fail
-from kvtoll.settings import load_settings
 
 MAX_INVOICE_ID = 2**63 - 1  # the widest id column (PostgreSQL bigint)
-
-
-@contextmanager
-def _session() -> Iterator[Session]:
-    """A session on the configured database; database errors become one line, exit 2."""
-    url = load_settings().database_url
-    try:
-        engine = make_engine(url)
-    except BillingError as exc:
-        fail(str(exc))
-    try:
-        problem = schema_problem(url, engine)
-        if problem:
-            fail(problem)
-        with session_factory(engine)() as session:
-            yield session
-    except SQLAlchemyError as exc:
-        fail(f"database error: {str(getattr(exc, 'orig', None) or exc).splitlines()[0]}")
-    finally:
-        engine.dispose()
 
 
 def _describe(invoice: Invoice, tenant_name: str) -> str:
@@ -68,7 +42,7 @@ def generate(
     """Close PERIOD (idempotent: a closed invoice is returned unchanged)."""
     try:
         month = parse_period(period)
-        with _session() as session:
+        with open_session() as session:
             tenants: list[Tenant] = (
                 [require_tenant(session, tenant)]
                 if tenant is not None
@@ -89,7 +63,7 @@ def list_command(
 ) -> None:
     """List closed invoices, newest period first."""
     try:
-        with _session() as session:
+        with open_session() as session:
             tenant_id = require_tenant(session, tenant).id if tenant is not None else None
             names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
             for invoice in list_invoices(session, tenant_id):
@@ -119,7 +93,7 @@ def preview(
 ) -> None:
     """Show the open month's invoice as it stands (a draft: not numbered, not stored)."""
     try:
-        with _session() as session:
+        with open_session() as session:
             draft = preview_invoice(session, require_tenant(session, tenant))
     except BillingError as exc:
         fail(str(exc))
@@ -143,7 +117,7 @@ def export(
     """Write one invoice as CSV, JSON or PDF."""
     number, kind = _parse_export_args(invoice_id, fmt)
     try:
-        with _session() as session:
+        with open_session() as session:
             data = render(load_document(session, number, None), kind)
     except BillingError as exc:
         fail(str(exc))
