@@ -200,7 +200,7 @@ class StreamRun:
         else:
             self.tally.held_back += 1
         stored = self._prompt_of[EntryId(probe.entry_id)]
-        await self.cache.record_check(TENANT, probe, self._oracle.correct(text, stored))
+        await self.cache.evidence.record_check(TENANT, probe, self._oracle.correct(text, stored))
 
     def checkpoint(self, asked: int) -> None:
         t = self.tally

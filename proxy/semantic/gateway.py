@@ -45,7 +45,8 @@ class SemanticCacheAdapter:
         self, query: SemanticQuery, probe: SemanticProbe, answer: SemanticAnswer
     ) -> None:
         """Record whether the engine's answer confirmed the probe's stored one."""
-        await self.cache.check_probe(query.tenant_id, probe, tuple(c.text for c in answer.choices))
+        texts = tuple(c.text for c in answer.choices)
+        await self.cache.evidence.check_probe(query.tenant_id, probe, texts)
 
     async def store(self, query: SemanticQuery, answer: SemanticAnswer) -> None:
         """Offer a complete answer, stored as the OpenAI object a client received."""

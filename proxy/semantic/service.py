@@ -7,8 +7,8 @@ similarity of at least its ``min_similarity``; the best score at or above the
 threshold (per tenant, else the verifier's default) is a hit. With a tenant error bound
 (``max_error_rate``) the evidence decides instead, above a recall-first floor, and a
 share of would-be hits is explored (:mod:`explore`, :mod:`bound`); the gateway reports
-the engine's answers back (:meth:`SemanticCache.check_probe`) and feedback adds wrong
-observations (:meth:`SemanticCache.invalidate`). Any store failure is a miss (counted
+the engine's answers back through ``cache.evidence`` (:mod:`evidence`) and feedback
+adds wrong observations (:meth:`SemanticCache.invalidate`). Any store failure is a miss (counted
 in ``stats.store_errors``), never an error.
 
 Store: only complete answers (every choice ``finish_reason == "stop"``, or
@@ -35,14 +35,15 @@ import numpy as np
 from proxy.semantic.bound import BoundConfig, ErrorBound
 from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.embedder import Embedder, MicroBatcher
-from proxy.semantic.explore import BoundedChooser, Choice, answers_agree, cosine
+from proxy.semantic.evidence import EvidenceKeeper
+from proxy.semantic.explore import BoundedChooser
 from proxy.semantic.follow import Follower
 from proxy.semantic.index import FaissIndex
 from proxy.semantic.keys import CacheKey, NotCacheable, build_cache_key
 from proxy.semantic.mirror import IndexFactory, Mirror, Slot
 from proxy.semantic.stats import LookupResult, LookupTiming, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
-from proxy.semantic.types import SemanticHit, SemanticProbe, is_complete
+from proxy.semantic.types import SemanticHit, is_complete
 from proxy.semantic.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,7 @@ class SemanticConfig:
     allow_tool_calls: bool = False
     default_temperature: float = 1.0  # what an absent temperature means
     embed_memo_size: int = 2048  # per-(tenant, text) embeddings kept between lookup and store
-    # Embedding threads and torch intra-op threads in each (proxy.semantic.embedder).
-    embed_workers: int = 2
+    embed_workers: int = 2  # embedding threads, and torch threads in each (embedder)
     embed_threads_per_worker: int | None = 1
     sync_block_ms: int = 1000
     sweep_interval_s: float = 60.0
@@ -102,6 +102,8 @@ class SemanticCache:
         self._task: asyncio.Task[None] | None = None
         self._chooser = BoundedChooser(store, ErrorBound(self._config.bound),
                                        self._config.explore_rate, rng or random.Random())
+        self.evidence = EvidenceKeeper(store, self._batcher, verifier, self.stats,
+                                       self._config.default_temperature)  # fmt: skip
 
     def set_capacity(self, tenant_id: str | int, capacity: TenantCapacity) -> None:
         """Apply a tenant's semantic capacity (its policy) to the store's evictions."""
@@ -191,7 +193,8 @@ class SemanticCache:
             hit = None
             if choice.serve is not None:
                 hit = await self._first_live(key.tenant_id, [choice.serve], 0.0, request_id)
-            probe = None if choice.probe is None else await self._probe(key, body, choice)
+            probe = (None if choice.probe is None
+                     else await self.evidence.make_probe(key, body, choice))
         except Exception:
             self.stats.store_errors += 1
             self.stats.misses += 1
@@ -211,52 +214,6 @@ class SemanticCache:
             self.stats.rejections += 1
             return LookupResult(None, timing, "rejected")
         return LookupResult(None, timing, "miss")
-
-    async def _probe(self, key: CacheKey, body: Mapping[str, Any], choice: Choice
-                     ) -> SemanticProbe | None:  # fmt: skip
-        assert choice.probe is not None
-        score, sim, slot = choice.probe
-        entry = await self._store.get(key.tenant_id, slot.entry_id)
-        if entry is None:
-            return None
-        temperature = body.get("temperature")
-        if temperature is None:
-            temperature = self._config.default_temperature
-        texts = tuple(c.text for c in SemanticHit.of_entry(entry, sim).choices)
-        return SemanticProbe(entry.entry_id, score, sim, texts, choice.explored,
-                             exact_compare=temperature == 0)  # fmt: skip
-
-    async def observe(
-        self, tenant_id: str | int, entry_id: str | None, score: float, correct: bool
-    ) -> None:
-        """Add one observation (an entry answering at ``score`` was right or not)."""
-        await self._store.observe(str(tenant_id), EntryId(entry_id) if entry_id else None,
-                                  score, correct)  # fmt: skip
-
-    async def check_probe(
-        self, tenant_id: str | int, probe: SemanticProbe, fresh_texts: tuple[str, ...]
-    ) -> bool:
-        """Compare the engine's answer with the probe's stored one and record it."""
-        sims = None
-        if not probe.exact_compare:
-            sims = [cosine(await self._batcher.embed_one(a), await self._batcher.embed_one(b))
-                    for a, b in zip(probe.stored_texts, fresh_texts, strict=False)]  # fmt: skip
-        correct = answers_agree(probe.stored_texts, fresh_texts, exact=probe.exact_compare,
-                                verifier=self._verifier, similarities=sims)  # fmt: skip
-        await self.record_check(tenant_id, probe, correct)
-        return correct
-
-    async def record_check(
-        self, tenant_id: str | int, probe: SemanticProbe, correct: bool
-    ) -> None:
-        """Record the outcome of a probe's check (whoever compared the answers)."""
-        await self.observe(tenant_id, probe.entry_id, probe.score, correct)
-        tenant = self.stats.tenant(str(tenant_id))
-        if probe.explored:
-            tenant.explored_checked += 1
-            tenant.explored_wrong += not correct
-        else:
-            tenant.held_back_wrong += not correct
 
     def _threshold(self, tenant_threshold: float | None) -> float:
         if tenant_threshold is not None:

@@ -29,7 +29,7 @@ def cache(
 
 async def teach(c: SemanticCache, tenant: str, score: float, correct: bool, n: int) -> None:
     for _ in range(n):
-        await c.observe(tenant, None, score, correct)
+        await c.evidence.observe(tenant, None, score, correct)
 
 
 async def test_no_evidence_serves_only_exact_repeats_and_holds_back_the_rest(
@@ -47,12 +47,12 @@ async def test_no_evidence_serves_only_exact_repeats_and_holds_back_the_rest(
     assert (await c.lookup("t1", chat(PARAPHRASE))) is not None
     # Evidence opens it: the engine's answer matched the stored one, many times over.
     probe = near.probe
-    assert await c.check_probe("t1", probe, ("Click 'forgot'",))
+    assert await c.evidence.check_probe("t1", probe, ("Click 'forgot'",))
     await teach(c, "t1", probe.score, True, 600)
     assert (await c.lookup_detailed("t1", chat(PARAPHRASE), max_error_rate=0.02)).reason == "hit"
     assert (await c.lookup_detailed("t2", chat(PARAPHRASE), max_error_rate=0.02)).hit is None
     # A wrong observation on the entry itself (a fresh answer that differs) shuts it again.
-    assert not await c.check_probe("t1", probe, ("Something else",))
+    assert not await c.evidence.check_probe("t1", probe, ("Something else",))
     assert (await c.lookup_detailed("t1", chat(PARAPHRASE), max_error_rate=0.02)).hit is None
     stats = c.stats.tenant("t1")
     assert stats.hits == 2 and stats.held_back >= 1 and stats.held_back_wrong == 1
@@ -73,8 +73,8 @@ async def test_exploration_answers_from_the_engine_and_measures_the_rate(
     assert explored.probe is not None and explored.probe.explored
     # Exact repeats are never explored.
     assert (await c.lookup_detailed("t1", chat(STORED), max_error_rate=0.02)).reason == "hit"
-    assert await c.check_probe("t1", explored.probe, ("Click 'forgot'",))
-    assert not await c.check_probe("t1", explored.probe, ("No idea",))
+    assert await c.evidence.check_probe("t1", explored.probe, ("Click 'forgot'",))
+    assert not await c.evidence.check_probe("t1", explored.probe, ("No idea",))
     stats = c.stats.tenant("t1")
     assert (stats.explored, stats.explored_checked, stats.explored_wrong) == (1, 2, 1)
     rate, low, high = stats.wrong_hit_rate()
@@ -91,8 +91,9 @@ async def test_a_sampled_answer_is_compared_by_the_verifier(
     near = await c.lookup_detailed("t1", chat(PARAPHRASE, temperature=0.7), allow_sampled=True,
                                    max_error_rate=0.02)  # fmt: skip
     assert near.probe is not None and not near.probe.exact_compare
-    assert await c.check_probe("t1", near.probe, ("Open settings and choose reset password",))
-    assert not await c.check_probe("t1", near.probe, ("The capital of France is Paris.",))
+    same = ("Open settings and choose reset password",)
+    assert await c.evidence.check_probe("t1", near.probe, same)
+    assert not await c.evidence.check_probe("t1", near.probe, ("The capital of France is Paris.",))
 
 
 async def test_feedback_adds_a_wrong_observation_and_invalidates(
@@ -127,7 +128,7 @@ async def test_replicas_share_evidence_through_redis(
         served = await b.lookup_detailed("t1", chat(PARAPHRASE), max_error_rate=0.02,
                                          request_id="req-9")  # fmt: skip
         assert served.reason == "hit" and served.hit is not None
-        await b.observe("t1", entry_id, near.probe.score, False)  # b sees a wrong one
+        await b.evidence.observe("t1", entry_id, near.probe.score, False)  # b sees a wrong one
         assert (await a.lookup_detailed("t1", chat(PARAPHRASE), max_error_rate=0.02)).hit is None
         # Feedback on a names the request b served: the score is read back from Redis.
         assert await a.invalidate("t1", request_id="req-9") == entry_id

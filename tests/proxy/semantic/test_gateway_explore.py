@@ -57,7 +57,7 @@ def test_explored_hit_is_billed_as_a_miss_and_checked(
         assert (evidence.num_correct, evidence.num_wrong) == (1, 0)
         for b in range(10, 20):
             for _ in range(600):
-                asyncio.run(cache.observe(tenant, None, b / 20 + 0.01, True))
+                asyncio.run(cache.evidence.observe(tenant, None, b / 20 + 0.01, True))
         explored = _ask(server, tenants.key_a, "How should I reset my password?")
         assert explored.headers["x-kvtoll-cache"] == "miss"
         fresh = explored.json()["choices"][0]["message"]["content"]
