@@ -33,7 +33,6 @@ cancelled as soon as the client disconnects (so its ledger row says
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -44,6 +43,7 @@ from pydantic import BaseModel
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from kvtoll import fastjson
 from kvtoll.openai.errors import (
     SERVER_ERROR,
     OpenAIError,
@@ -85,13 +85,10 @@ def response_meta(kind: Kind, request_id: str, model: str) -> ResponseMeta:
     return ResponseMeta(f"{prefix}-{request_id.replace('-', '')}", model, int(time.time()))
 
 
-# one encoder for every response (json.dumps with options builds a new one per call)
-_RESPONSE_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
 def json_bytes(content: Any) -> bytes:
-    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
-    return _RESPONSE_JSON.encode(content).encode("utf-8")
+    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8), through
+    :func:`kvtoll.fastjson.dumps` (a non-finite float from an upstream is ``null``)."""
+    return fastjson.dumps(content)
 
 
 def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from engine.kv.hashing import hash_prompt_blocks
+from kvtoll import fastjson
 from proxy.routing.events import EventFeeds, RedisEventConsumer
 from proxy.routing.fleet import FleetSync, UpstreamFactory
 from proxy.routing.index import ApproxIndex
@@ -42,7 +42,7 @@ def prompt_bytes(body: dict[str, Any]) -> bytes:
     completion prompt's UTF-8 (empty for several prompts)."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return b"".join(json.dumps(m, sort_keys=True).encode() + b"\n" for m in messages)
+        return b"".join(fastjson.dumps(m, sort_keys=True) + b"\n" for m in messages)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]

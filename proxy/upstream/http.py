@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.api import KVShare
+from kvtoll import fastjson
 from kvtoll.openai.protocol import SALT_FIELDS
 from kvtoll.openai.responses import TIER_DETAILS_FIELD, TierCachedTokens
 from kvtoll.openai.sse import (
@@ -58,22 +59,6 @@ from proxy.upstream.usage_report import UsageReportWatch
 _REJECTED = {400: 400, 413: 413, 422: 400}
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CHARS_PER_TOKEN = 4
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # built once, not per request
-_DECODER = json.JSONDecoder()
-
-
-def _event_json(data: str) -> Any:
-    """``json.loads(data)``; an object without surrounding whitespace (what servers
-    send) is decoded without the whitespace scans, with the same result."""
-    if data.startswith("{") and data.endswith("}"):
-        try:
-            value, end = _DECODER.raw_decode(data)
-        except json.JSONDecodeError:
-            pass
-        else:
-            if end == len(data):
-                return value
-    return json.loads(data)
 
 
 @dataclass(frozen=True)
@@ -149,7 +134,7 @@ class HttpUpstream:
     ) -> AsyncGenerator[UpstreamDelta | UpstreamUsage, None]:
         """Deltas then one usage item (see :class:`~proxy.upstream.base.Upstream`)."""
         reader = _StreamReader(request)
-        body = _COMPACT_JSON.encode(self.request_body(request)).encode()
+        body = fastjson.dumps(self.request_body(request))
         resp: H1Response | None = None
         try:
             resp = await self._client.request(
@@ -160,7 +145,7 @@ class HttpUpstream:
                 raise _status_error(resp.status, await resp.aread())
             reader.read_prompt_headers(resp.headers)
             if resp.headers.get("content-type", "").startswith("application/json"):
-                for delta in reader.whole(json.loads(await resp.aread())):
+                for delta in reader.whole(fastjson.loads(await resp.aread())):
                     yield delta  # a server that ignored stream=true
             else:
                 events = SseEvents()
@@ -255,7 +240,7 @@ class _StreamReader:
             self.done = True
             return []
         try:
-            event = _event_json(data)
+            event = fastjson.loads(data)
         except json.JSONDecodeError:
             raise self.error(f"malformed event from upstream: {data[:200]!r}") from None
         if not isinstance(event, dict):
