@@ -70,7 +70,7 @@ class RoutingHook:
         self._plans: dict[str, RoutePlan] = {}  # request id -> plan, until release
         self._max_open_plans = max_open_plans
 
-    async def rank(
+    def rank(
         self, candidates: Sequence[Upstream], request: UpstreamRequest
     ) -> list[Upstream]:
         """``candidates`` best first; the first choice is recorded as dispatched."""
@@ -110,14 +110,14 @@ class RoutingHook:
             return set()
         return {w.worker_id for w in self._registry.workers() if not w.healthy}
 
-    async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
+    def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """The upstream produced its first item (its prefill is done). If the gateway
         had moved past the first choice, that one failed before streaming: it is
         reported down and the request re-attributed to ``upstream``."""
         self._move_to(upstream, request)
         self.router.first_token(request.request_id)
 
-    async def failed(self, upstream: Upstream, request: UpstreamRequest) -> None:
+    def failed(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """The upstream failed before streaming: mark it down, forget the attempt."""
         self.router.failed(request.request_id, worker_failed=True)
 
@@ -135,7 +135,7 @@ class RoutingHook:
         while len(self._plans) > self._max_open_plans:  # a release the gateway never sent
             del self._plans[next(iter(self._plans))]
 
-    async def release(
+    def release(
         self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
     ) -> None:
         """The request finished on ``upstream``; ``usage`` (when given) feeds calibration."""
