@@ -52,7 +52,7 @@ from proxy.upstream.base import (
     UpstreamRequest,
     UpstreamUsage,
 )
-from proxy.upstream.h1 import H1Client, H1Error, H1Response, H1Timeout, Origin
+from proxy.upstream.h1 import H1Client, H1Error, H1Response, H1Timeout, Origin, request_head
 from proxy.upstream.sse_events import SseEvents
 from proxy.upstream.usage_report import UsageReportWatch
 
@@ -107,6 +107,9 @@ class HttpUpstream:
         self._static_headers = {"accept": "text/event-stream", "content-type": "application/json",
                                 **self._auth_headers}
         self._usage_report = UsageReportWatch(self.name)
+        # each path's request head up to the per-request headers, encoded once
+        self._heads = {kind: request_head("POST", self._origin, path, self._static_headers)
+                       for kind, path in _PATHS.items()}
 
     @property
     def name(self) -> str:
@@ -126,21 +129,23 @@ class HttpUpstream:
                 body["kvtoll_kv_share"] = kv_share_field(request.kv_share)
         return body
 
-    def _headers(self, request: UpstreamRequest) -> dict[str, str]:
-        return {**self._static_headers, "x-request-id": request.request_id}
+    def _encoded(self, request: UpstreamRequest) -> bytes:
+        """The whole HTTP request for ``request``: its path's head, ``x-request-id``,
+        ``content-length``, the JSON body."""
+        body = fastjson.dumps(self.request_body(request))
+        return b"%bx-request-id: %b\r\ncontent-length: %d\r\n\r\n%b" % (
+            self._heads[request.kind], request.request_id.encode("latin-1"), len(body), body)
 
     async def stream(
         self, request: UpstreamRequest
     ) -> AsyncGenerator[UpstreamDelta | UpstreamUsage, None]:
         """Deltas then one usage item (see :class:`~proxy.upstream.base.Upstream`)."""
         reader = _StreamReader(request)
-        body = fastjson.dumps(self.request_body(request))
+        encoded = self._encoded(request)
         resp: H1Response | None = None
         try:
-            resp = await self._client.request(
-                "POST", self._origin, _PATHS[request.kind], self._headers(request), body,
-                read_timeout_s=self.config.read_timeout_s,
-            )
+            resp = await self._client.send(self._origin, encoded,
+                                           read_timeout_s=self.config.read_timeout_s)
             if resp.status >= 400:
                 raise _status_error(resp.status, await resp.aread())
             reader.read_prompt_headers(resp.headers)
