@@ -57,6 +57,7 @@ from proxy.upstream.sse_events import SseEvents
 from proxy.upstream.usage_report import UsageReportWatch
 
 _REJECTED = {400: 400, 413: 413, 422: 400}
+_DONE = DONE_SENTINEL.encode()
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CHARS_PER_TOKEN = 4
 
@@ -238,16 +239,22 @@ class _StreamReader:
     def error(self, message: str, status: int = 502) -> UpstreamError:
         return UpstreamError(message, status=status, retryable=not self.produced)
 
-    def feed(self, data: str) -> list[UpstreamDelta]:
+    def feed(self, data: bytes) -> list[UpstreamDelta]:
+        """The deltas of one event's ``data`` (UTF-8; a malformed sequence is read as
+        U+FFFD, as a text decoder with ``errors="replace"`` would)."""
         if self.done:
             return []  # after [DONE]: the rest is read (to reuse the connection), not used
-        if data == DONE_SENTINEL:
+        if data == _DONE:
             self.done = True
             return []
         try:
-            event = fastjson.loads(data)
-        except json.JSONDecodeError:
-            raise self.error(f"malformed event from upstream: {data[:200]!r}") from None
+            event = fastjson.fast_loads(data)
+        except ValueError:  # orjson refused it: json decides, on the replaced text
+            text = data.decode("utf-8", errors="replace")
+            try:
+                event = json.loads(text)
+            except json.JSONDecodeError:
+                raise self.error(f"malformed event from upstream: {text[:200]!r}") from None
         if not isinstance(event, dict):
             raise self.error(f"malformed event from upstream: {data[:200]!r}")
         if "error" in event:
