@@ -77,7 +77,7 @@ class DirectCycle:
         self.keep_alive = keep_alive
         self.on_response = on_response
         self.access_logger = access_logger
-        self.message_event = asyncio.Event()
+        self.message_event = Signal()
         self.body = b""  # the protocol appends (``+=``); one chunk stays that chunk
         self.more_body = True
         self.disconnected = False
@@ -166,9 +166,12 @@ class DirectCycle:
                                     scope["http_version"], status)
         content = [STATUS_LINE[status]]
         length: int | None = None
+        # the app's names and values checked at once (joining adds no character the
+        # checks refuse); uvicorn's own default headers were checked when it built them
+        if (HEADER_RE.search(b"".join(name for name, _ in headers))
+                or HEADER_VALUE_RE.search(b"".join(value for _, value in headers))):
+            raise RuntimeError(f"Invalid HTTP header in {list(headers)!r}")
         for name, value in (*self.default_headers, *headers):
-            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
-                raise RuntimeError(f"Invalid HTTP header: {name!r}")
             name = name.lower()
             if name == b"content-length" and length is None:
                 length = int(value)
@@ -198,6 +201,39 @@ class DirectCycle:
 
 def _nothing() -> None:
     return None
+
+
+class Signal:
+    """What the protocol and :meth:`DirectCycle.receive` use of ``asyncio.Event``
+    (``set``, ``clear``, ``wait``), with a future made only when ``wait`` must wait:
+    most requests arrive whole, so their body is there before anyone waits."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        """Until :meth:`set` (now if it is set); waiters at the same time share one future."""
+        if self._set:
+            return
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)  # a cancelled waiter leaves the future to the others
 
 
 class DirectRouteProtocol(CoalescingHttpToolsProtocol):

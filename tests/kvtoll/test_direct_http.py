@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from kvtoll.direct_http import DirectRoutes
+from kvtoll.direct_http import DirectRoutes, Signal
 from kvtoll.server import uvicorn_config
 from tests.proxy.helpers import free_port
 
@@ -33,7 +33,7 @@ class App:
         self.routes = {
             b"/direct/echo": self.echo, b"/direct/stream": self.stream,
             b"/direct/fail-before": self.fail_before, b"/direct/fail-after": self.fail_after,
-            b"/direct/until-gone": self.until_gone,
+            b"/direct/until-gone": self.until_gone, b"/direct/bad-header": self.bad_header,
         }
 
     def direct_route(self, method: bytes, raw_path: bytes) -> Any:
@@ -75,6 +75,10 @@ class App:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"partial", "more_body": True})
         raise RuntimeError("handler failed mid-response")
+
+    async def bad_header(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"0"), (b"x-split", b"a\r\nx-injected: 1")]})
 
     async def until_gone(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await receive()  # the body
@@ -247,3 +251,36 @@ def test_the_handler_sees_the_client_disconnect() -> None:
             sock.sendall(post("/direct/until-gone", b"{}"))
             assert b"started" in sock.recv(65536)
         assert app.disconnected.wait(10)
+
+
+def test_a_header_that_would_split_the_head_is_never_sent() -> None:
+    with serving(App()) as port, connect(port) as sock:
+        sock.sendall(post("/direct/bad-header", b""))
+        assert Reader(sock).closed()  # nothing written, the connection closed
+
+
+def test_signal_wakes_its_waiters_and_survives_a_cancelled_one() -> None:
+    async def run() -> list[str]:
+        seen: list[str] = []
+        signal = Signal()
+        signal.set()
+        await signal.wait()  # set: no wait
+        seen.append("set before")
+        signal.clear()
+        assert not signal.is_set()
+
+        async def waiter(name: str) -> None:
+            await signal.wait()
+            seen.append(name)
+
+        first, second = (asyncio.ensure_future(waiter(n)) for n in ("first", "second"))
+        await asyncio.sleep(0)
+        first.cancel()  # must not cancel the other waiter
+        await asyncio.sleep(0)
+        assert seen == ["set before"] and not second.done()
+        signal.set()
+        await second
+        assert first.cancelled()
+        return seen
+
+    assert asyncio.run(run()) == ["set before", "second"]
