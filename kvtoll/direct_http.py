@@ -20,12 +20,13 @@ request runs in a :class:`DirectCycle`::
 
 A direct route is still an ASGI callable, called with the scope uvicorn would give it
 (``client`` and ``scheme`` as connected: no ``X-Forwarded-*`` rewriting, which only
-the app's other routes read); responses carry uvicorn's default headers (``date``,
-``server``), ``Expect: 100-continue`` is answered, a response without
-``content-length`` is chunked, a handler that fails before answering gets uvicorn's
-500 and one that fails mid-response a closed connection, and the access log (when on)
-logs it as uvicorn would. Requests with a ``root_path``, a percent-encoded path, an
-upgrade or under a concurrency limit take uvicorn's path.
+the app's other routes and the access log read); responses carry uvicorn's default
+headers (``date``, ``server``), ``Expect: 100-continue`` is answered, a response
+without ``content-length`` is chunked, a handler that fails before answering gets
+uvicorn's 500 and one that fails mid-response a closed connection. With the access log
+on (it costs more than a request), or for a request with a ``root_path``, a
+percent-encoded path, an upgrade or under a concurrency limit, uvicorn's path serves it
+all, proxy headers and log lines included.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from kvtoll.coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
 
@@ -67,8 +67,7 @@ class DirectCycle:
 
     def __init__(self, scope: dict[str, Any], transport: CoalescingTransport, flow: Any,
                  default_headers: list[tuple[bytes, bytes]], *, expect_100_continue: bool,
-                 keep_alive: bool, on_response: Callable[[], None],
-                 access_logger: logging.Logger | None) -> None:
+                 keep_alive: bool, on_response: Callable[[], None]) -> None:
         self.scope = scope
         self.transport = transport
         self.flow = flow
@@ -76,7 +75,6 @@ class DirectCycle:
         self.waiting_for_100_continue = expect_100_continue
         self.keep_alive = keep_alive
         self.on_response = on_response
-        self.access_logger = access_logger
         self.message_event = Signal()
         self.body = b""  # the protocol appends (``+=``); one chunk stays that chunk
         self.more_body = True
@@ -159,11 +157,6 @@ class DirectCycle:
         self.on_response()
 
     def _render_head(self, status: int, headers: Any) -> bytes:
-        if self.access_logger is not None:
-            scope = self.scope
-            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),  # type: ignore[arg-type]
-                                    scope["method"], get_path_with_query_string(scope),  # type: ignore[arg-type]
-                                    scope["http_version"], status)
         content = [STATUS_LINE[status]]
         length: int | None = None
         # the app's names and values checked at once (joining adds no character the
@@ -244,12 +237,14 @@ class DirectRouteProtocol(CoalescingHttpToolsProtocol):
     def __init__(self, *args: Any, routes: DirectRoutes, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._routes = routes
-        self._direct_access_logger = self.access_logger if self.access_log else None
+        # with the access log on, uvicorn's path logs every request (forwarded client too)
+        self._direct = not self.access_log
 
     def on_headers_complete(self) -> None:
         parser = self.parser
         route = url = None
-        if not self.root_path and self.limit_concurrency is None and not parser.should_upgrade():
+        if (self._direct and not self.root_path and self.limit_concurrency is None
+                and not parser.should_upgrade()):
             url = httptools.parse_url(self.url)
             route = self._routes.direct_route(parser.get_method(), url.path)
         if route is None or url is None:
@@ -273,7 +268,7 @@ class DirectRouteProtocol(CoalescingHttpToolsProtocol):
             self.server_state.default_headers,
             expect_100_continue=self.expect_100_continue,
             keep_alive=http_version != "1.0" and parser.should_keep_alive(),
-            on_response=self.on_response_complete, access_logger=self._direct_access_logger)
+            on_response=self.on_response_complete)
         self.cycle = cycle  # type: ignore[assignment]
         if existing is None or existing.response_complete:
             self._start_asgi_task(cycle, route)  # type: ignore[arg-type]

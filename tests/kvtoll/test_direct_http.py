@@ -90,9 +90,10 @@ class App:
 
 
 @contextlib.contextmanager
-def serving(app: App) -> Iterator[int]:
+def serving(app: App, *, access_log: bool = False) -> Iterator[int]:
     port = free_port()
-    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, "critical", fast=True))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, "critical", fast=True,
+                                           access_log=access_log))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -284,3 +285,12 @@ def test_signal_wakes_its_waiters_and_survives_a_cancelled_one() -> None:
         return seen
 
     assert asyncio.run(run()) == ["set before", "second"]
+
+
+def test_with_the_access_log_on_uvicorn_serves_everything() -> None:
+    """The access log (and the forwarded client it names) stays uvicorn's."""
+    app = App()
+    with serving(app, access_log=True) as port, connect(port) as sock:
+        sock.sendall(post("/direct/echo", b"{}"))
+        assert Reader(sock).response()[2] == b"via-asgi"
+    assert app.asgi_paths == ["/direct/echo"]
