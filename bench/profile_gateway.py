@@ -3,18 +3,25 @@
 
     pip install py-spy    # into the venv; then
     python bench/profile_gateway.py [--ledger-writer process|thread] [--requests 1500]
+        [--concurrency 32 --load-seconds 12]
 
 Prints the top entries by own samples, by inclusive samples and by inclusive samples
 of the project's own frames (share of all samples of the process, every thread; with
 ``--gil`` only the thread holding the GIL) for the idle and the loaded window, and the added
-latency's p50/p99/p99.9 over the same requests.
+latency's p50/p99/p99.9 over the same requests. With ``--concurrency N`` the load is a
+closed loop of N keep-alive clients for the whole loaded window instead (throughput,
+not added latency). Either way the gateway's user and system CPU milliseconds per
+request over the loaded window are reported (``/proc``; the ledger writer process's
+not included).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -87,31 +94,68 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         po.wait_ready(gateway, procs[1])
         pid = procs[1].pid
         record(py_spy, pid, args.idle_seconds, tmp / "idle.txt", args.gil).wait()
-        spy = record(py_spy, pid, args.load_seconds, tmp / "load.txt", args.gil)
         headers = {"Authorization": f"Bearer {key}"}
-        added: list[float] = []
-        with httpx.Client(timeout=30) as client:
-            for _ in range(args.requests):
-                t0 = time.perf_counter()
-                client.post(direct + "/v1/chat/completions", json=po.BODY)
-                t1 = time.perf_counter()
-                response = client.post(gateway + "/v1/chat/completions", json=po.BODY,
-                                       headers=headers)
-                t2 = time.perf_counter()
-                if response.status_code != 200:
-                    raise RuntimeError(f"{response.status_code} {response.text}")
-                added.append(((t2 - t1) - (t1 - t0)) * 1000)
+        if args.concurrency:  # warm up first: the window measures the steady state
+            asyncio.run(latency_series.closed_loop(gateway, headers, po.BODY, 4, 1.0))
+        cpu_before = user_system_seconds(pid)
+        spy = record(py_spy, pid, args.load_seconds, tmp / "load.txt", args.gil)
+        if args.concurrency:
+            load = closed_loop_load(gateway, headers, args.concurrency, args.load_seconds)
+        else:
+            load = sequential_load(direct, gateway, headers, args.requests, args.warmup)
+        cpu_after = user_system_seconds(pid)
         spy.wait()
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
-    measured = added[args.warmup:]
+    num = load.pop("num_requests")
     return {"ledger_writer": args.ledger_writer, "gil_only": args.gil,
-            "requests": len(measured),
-            "added": latency_series.tail(measured),
+            "concurrency": args.concurrency or 1, **load,
+            "cpu_ms_per_request": {
+                name: round((after - before) * 1000 / max(1, num), 3)
+                for name, before, after in zip(("user", "system"), cpu_before, cpu_after,
+                                               strict=True)},
             "idle": top_entries(tmp / "idle.txt", args.top),
             "load": top_entries(tmp / "load.txt", args.top)}
+
+
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` (all its threads; ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def sequential_load(direct: str, gateway: str, headers: dict[str, str], requests: int,
+                    warmup: int) -> dict[str, Any]:
+    """Direct and gateway calls in turn on one keep-alive client: the added latency."""
+    added: list[float] = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            client.post(direct + "/v1/chat/completions", json=po.BODY)
+            t1 = time.perf_counter()
+            response = client.post(gateway + "/v1/chat/completions", json=po.BODY,
+                                   headers=headers)
+            t2 = time.perf_counter()
+            if response.status_code != 200:
+                raise RuntimeError(f"{response.status_code} {response.text}")
+            added.append(((t2 - t1) - (t1 - t0)) * 1000)
+    measured = added[warmup:]
+    return {"num_requests": len(added), "requests": len(measured),
+            "added": latency_series.tail(measured)}
+
+
+def closed_loop_load(gateway: str, headers: dict[str, str], concurrency: int,
+                     seconds: float) -> dict[str, Any]:
+    """``concurrency`` keep-alive clients in a closed loop for ``seconds``."""
+    result = asyncio.run(latency_series.closed_loop(gateway, headers, po.BODY, concurrency,
+                                                    seconds))
+    done = len(result.latencies_ms)
+    return {"num_requests": done, "errors": result.errors,
+            "requests_per_s": round(done / result.elapsed_s, 1),
+            "latency": latency_series.tail(result.latencies_ms) if done else {}}
 
 
 def main() -> None:
@@ -122,6 +166,9 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=4)
     parser.add_argument("--load-seconds", type=float, default=12)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--concurrency", type=int, default=0,
+                        help="load with this many closed-loop clients (default: the "
+                             "sequential paired client)")
     parser.add_argument("--gil", action="store_true",
                         help="sample only the thread holding the GIL (py-spy --gil): where "
                              "the CPU goes, without the threads parked in a wait")

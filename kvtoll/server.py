@@ -1,15 +1,9 @@
 """Building servers: every kvtoll HTTP server (gateway, worker, tests' and benchmarks'
 background servers) runs under uvicorn with the settings of :func:`uvicorn_config`.
 
-The gateway's servers (``fast=True``) use httptools and uvloop, and coalesce writes:
-uvicorn writes a response's status line and headers (``http.response.start``) and its
-body in two ``write`` calls, so two TCP segments. On a busy host the first one wakes
-the client, which may take the CPU from the gateway before the second is written: a
-whole JSON answer then reaches the client one scheduling delay later (measured on a
-loaded 2-core machine: 0.9 ms at p50 between the two writes).
-:class:`CoalescingTransport` holds each write until the next one or the end of the
-current event-loop step, so a response written in one step (head and body, or
-several SSE frames) leaves in one ``send``; nothing is held past that step.
+The gateway's servers (``fast=True``) use httptools and uvloop, and coalesce writes
+(:mod:`kvtoll.coalescing`); an app with direct routes (the gateway's completion paths)
+has them served without uvicorn's ASGI request cycle (:mod:`kvtoll.direct_http`).
 """
 
 from __future__ import annotations
@@ -17,93 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import socket
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-
-class CoalescingTransport(asyncio.Transport):
-    """Delegates to ``transport``; consecutive writes within one loop step are joined
-    (the first is held until the second arrives or the step ends)."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        held = self._held
-        if held is None:
-            self._held = bytes(data)
-            self._loop.call_soon(self.flush)
-            return
-        self._held = None
-        self._transport.write(held + bytes(data))
-
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))
-
-    def flush(self) -> None:
-        """Write what is held now (called at the end of the step it was written in)."""
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._held = None
-        self._transport.abort()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._transport.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._transport.get_protocol()
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + len(self._held or b"")
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._transport.get_write_buffer_limits()
-
-
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a :class:`CoalescingTransport`."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(CoalescingTransport(transport, self.loop))
+from kvtoll.coalescing import CoalescingHttpToolsProtocol
+from kvtoll.direct_http import DirectRouteProtocol, DirectRoutes
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -148,7 +64,8 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", *,
     the request; worker polls log at DEBUG, :mod:`kvtoll.logs`), a 5 s graceful
     shutdown, h11 on asyncio, or
     with ``fast`` httptools with coalesced writes on uvloop where available (the
-    gateway). ``lifespan="on"`` for an app that starts its background loops there;
+    gateway; an app with direct routes gets them, :mod:`kvtoll.direct_http`).
+    ``lifespan="on"`` for an app that starts its background loops there;
     ``tls``: serve https with that (certificate, private key) pair."""
     if tls is not None:
         options.update(ssl_certfile=tls[0], ssl_keyfile=tls[1])
@@ -156,6 +73,8 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", *,
     options.setdefault("access_log", False)
     if fast:
         protocol: Any = CoalescingHttpToolsProtocol
+        if isinstance(app, DirectRoutes):
+            protocol = functools.partial(DirectRouteProtocol, routes=app)
         loop = "auto"
     else:
         protocol, loop = "h11", "asyncio"

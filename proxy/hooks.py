@@ -56,18 +56,22 @@ class SemanticReport(Protocol):
 
 
 class RouterHook(Protocol):
-    async def rank(
+    """The router as the gateway sees it. Its bookkeeping is in memory and never waits,
+    so its methods are plain calls: on the per-request path, no coroutine or cancel
+    scope per call, and no cancellation can cut one short."""
+
+    def rank(
         self, candidates: Sequence[Upstream], request: UpstreamRequest
     ) -> list[Upstream]:
         """``candidates`` (healthy upstreams) best first; the gateway tries them in order
         and moves on only while nothing has reached the client."""
         ...
 
-    async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
+    def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """``upstream`` produced its first item for ``request`` (its prefill is done)."""
         ...
 
-    async def release(
+    def release(
         self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
     ) -> None:
         """``request`` finished on ``upstream`` (success, error or abort); ``usage`` is the

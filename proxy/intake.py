@@ -13,7 +13,6 @@ request id.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -22,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from billing.accounts import KeyIdentity
+from kvtoll.fastjson import fast_loads
 from kvtoll.openai.errors import INVALID_REQUEST, OpenAIError, decode_json_body
 from kvtoll.openai.protocol import (
     SALT_FIELDS,
@@ -90,27 +90,18 @@ class RateLimited(OpenAIError):
         self.retry_after_s = retry_after_s
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(name)
-
-
-# built once (json.loads with options builds a new decoder per call)
-_STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
 def decode_json_object(raw: bytes) -> dict[str, Any]:
     """:func:`kvtoll.openai.errors.decode_json_body` (strict UTF-8 and JSON, an object,
-    no lone surrogate), with a fast path for the common body: without a ``\\u`` escape
-    there can be no lone surrogate (UTF-8 text cannot carry one), so the walk over
-    every string is skipped. Anything the fast path does not accept goes through the
-    strict decoder, which raises the exact error."""
-    if b"\\u" not in raw:
-        try:
-            data = _STRICT_JSON.decode(raw.decode("utf-8"))
-        except (ValueError, RecursionError):
-            data = None
-        if isinstance(data, dict):
-            return data
+    no lone surrogate), with a fast path for the common body: orjson accepts only
+    strict UTF-8 and strict JSON without lone surrogates, and gives ``json``'s values
+    (:func:`kvtoll.fastjson.fast_loads`). Anything the fast path does not accept goes
+    through the strict decoder, which raises the exact error."""
+    try:
+        data = fast_loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict):
+        return data
     return decode_json_body(raw)
 
 

@@ -30,7 +30,6 @@ the gateway does not kill it before the gateway's final drain.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import struct
@@ -39,6 +38,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from kvtoll import fastjson
 
 if TYPE_CHECKING:
     from proxy.metering import LedgerSink
@@ -54,7 +55,7 @@ class LedgerProcessError(RuntimeError):
 
 
 def _send(stream: IO[bytes], document: Any) -> None:
-    data = json.dumps(document, separators=(",", ":")).encode()
+    data = fastjson.dumps(document)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
 
@@ -68,7 +69,7 @@ def _receive(stream: IO[bytes]) -> Any:
     data = stream.read(size)
     if len(data) < size:
         return None
-    return json.loads(data)
+    return fastjson.loads(data)
 
 
 def shareable_url(factory: Any) -> str | None:

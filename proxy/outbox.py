@@ -44,12 +44,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kvtoll import fastjson
+
 log = logging.getLogger(__name__)
 OUTBOX_FILE = "outbox.sqlite3"
 JOURNAL_FILE = "outbox.journal"
 ABSORBING_SUFFIX = ".absorbing"
 TAKEN_SUFFIX = ".taken"
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # built once, not per record
 
 
 def owner_only(path: Path) -> None:
@@ -105,7 +106,7 @@ class Outbox:
     def put(self, request_id: str, payload: dict[str, Any]) -> None:
         """Store one record durably; a record already queued for ``request_id`` is kept.
         Raises ``OSError`` if the journal cannot be written."""
-        data = (_COMPACT_JSON.encode([request_id, payload]) + "\n").encode()
+        data = fastjson.dumps([request_id, payload]) + b"\n"
         with self._journal_lock:
             written = os.write(self._fd, data)
             if written != len(data):  # a full disk: cut the partial line off again, so

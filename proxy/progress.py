@@ -30,9 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvtoll import fastjson
+
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.journal"
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class ProgressJournal:
@@ -120,7 +121,7 @@ class ProgressJournal:
                 log.warning("progress journal: compaction failed (%s)", exc)
 
     def _append(self, request_id: str, payload: dict[str, Any] | None) -> None:
-        data = (_COMPACT_JSON.encode([request_id, payload]) + "\n").encode()
+        data = fastjson.dumps([request_id, payload]) + b"\n"
         written = os.write(self._fd, data)
         if written != len(data):
             os.ftruncate(self._fd, self._size)
@@ -130,8 +131,7 @@ class ProgressJournal:
     def _rewrite(self) -> None:
         """The file with only the live streams' latest progress (atomic rename)."""
         tmp = self.path.with_name(self.path.name + ".tmp")
-        data = b"".join((_COMPACT_JSON.encode([rid, p]) + "\n").encode()
-                        for rid, p in self._live.items())
+        data = b"".join(fastjson.dumps([rid, p]) + b"\n" for rid, p in self._live.items())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, data)

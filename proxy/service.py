@@ -232,10 +232,10 @@ class Gateway:
         return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally,
                      abandon=partial(self._abandon, flight, stream, first, timer))
 
-    async def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
+    def _candidates(self, request: UpstreamRequest) -> Sequence[Upstream]:
         candidates = self._pool.candidates()
         if self._router is not None:
-            return await self._router.rank(candidates, request)
+            return self._router.rank(candidates, request)
         return candidates
 
     async def _connect(
@@ -246,7 +246,7 @@ class Gateway:
         ``flight.upstream`` names it (so its router slot is released with the row)."""
         problems: list[str] = []
         timeouts = 0
-        for upstream in await self._candidates(request):
+        for upstream in self._candidates(request):
             stream = upstream.stream(request)
             try:
                 with timer(self._config.upstream_first_byte_timeout_s):
@@ -269,7 +269,7 @@ class Gateway:
                 self._pool.mark(upstream, False)  # silent too: the probes bring it back
                 continue
             if self._router is not None:
-                await self._router.started(upstream, request)
+                self._router.started(upstream, request)
             return upstream, first, stream
         raise UpstreamUnavailable("; ".join(problems) or "no upstream configured",
                                   timed_out=bool(problems) and timeouts == len(problems))
@@ -361,10 +361,7 @@ class Gateway:
             self._observe, flight, status, entry, prompt, cached, completion
         )
         if self._router is not None and flight.upstream and flight.upstream_request:
-            with anyio.CancelScope(shield=True):
-                await self._router.release(
-                    flight.upstream, flight.upstream_request, flight.tally.usage
-                )
+            self._router.release(flight.upstream, flight.upstream_request, flight.tally.usage)
         if status is RequestStatus.OK and flight.served_by is ServedBy.ENGINE:
             self._maybe_store(flight)
 

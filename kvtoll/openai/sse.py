@@ -4,9 +4,10 @@ with ``data: [DONE]\\n\\n``; and the reverse, reading such a stream line by line
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
+
+from kvtoll import fastjson
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -21,8 +22,7 @@ CACHED_TOKENS_HEADER = "x-kvtoll-cached-tokens"
 
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One ``data:`` frame carrying ``payload`` as compact JSON."""
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {body}\n\n".encode()
+    return b"data: " + fastjson.dumps(payload) + b"\n\n"
 
 
 async def aiter_byte_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:

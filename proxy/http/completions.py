@@ -10,16 +10,22 @@ they sit behind the app's middleware, a wrong method is a 405, a ``root_path`` i
 honoured, and ``/openapi.json`` documents them.
 
 FastAPI's own layers around every request (error and telemetry middleware, the route
-scan) cost ~15-35 µs per request, measured; the endpoints answer their own errors, so
-while the app has no middleware of its own :class:`GatewayApp` calls a completion
-route straight away for a POST to its path (no ``root_path``); anything else, and
-everything once middleware is added, goes through the stack to the same routes::
+scan) cost ~15-35 µs per request, measured, and uvicorn's request cycle more; the
+endpoints answer their own errors, so while the app has no middleware of its own the
+completion routes are its direct routes (:meth:`GatewayApp.direct_route`): under
+``kvtoll serve`` the server hands a POST to their path straight to the route, without
+uvicorn's ASGI cycle (:mod:`kvtoll.direct_http`), and under any other ASGI server
+:class:`GatewayApp` calls the route first thing. Anything else, and everything once
+middleware is added, goes through the stack to the same routes::
 
-    uvicorn ─► GatewayApp ──POST to a completion path, no app middleware──► CompletionRoute
-                   │ otherwise                                              auth → intake →
-                   ▼                                                        gateway → JSON
-        middleware ─► router ─► CompletionRoute, FastAPI routes (models,    or SSE over ASGI
-                                dashboards, admin), 404 / 405
+    server ─► direct route (kvtoll serve) ─────────────────────────────► CompletionRoute
+      │ otherwise                                                         auth → intake →
+      ▼                                                                   gateway → JSON
+    GatewayApp ──POST to a completion path, no app middleware──────────► or SSE over ASGI
+      │ otherwise
+      ▼
+    middleware ─► router ─► CompletionRoute, FastAPI routes (models, dashboards, admin),
+                            404 / 405
 
 Behaviour: OpenAI error objects for every refusal (401, 400, 404, 413, 429 with
 ``Retry-After``, 502/503/504 with ``Retry-After``, and, once the request has an id,
@@ -33,7 +39,6 @@ cancelled as soon as the client disconnects (so its ledger row says
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -44,6 +49,7 @@ from pydantic import BaseModel
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from kvtoll import fastjson
 from kvtoll.openai.errors import (
     SERVER_ERROR,
     OpenAIError,
@@ -85,13 +91,10 @@ def response_meta(kind: Kind, request_id: str, model: str) -> ResponseMeta:
     return ResponseMeta(f"{prefix}-{request_id.replace('-', '')}", model, int(time.time()))
 
 
-# one encoder for every response (json.dumps with options builds a new one per call)
-_RESPONSE_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
 def json_bytes(content: Any) -> bytes:
-    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
-    return _RESPONSE_JSON.encode(content).encode("utf-8")
+    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8), through
+    :func:`kvtoll.fastjson.dumps` (a non-finite float from an upstream is ``null``)."""
+    return fastjson.dumps(content)
 
 
 def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
@@ -284,14 +287,23 @@ class GatewayApp(FastAPI):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._completion_routes: dict[str, CompletionRoute] = {}
+        self._direct_routes: dict[bytes, CompletionRoute] = {}
 
     def mount_completions(self, endpoints: CompletionEndpoints) -> None:
         """Mount the completion paths, POST only, served by ``endpoints``."""
         router = APIRouter()
         for path in ROUTES:
             route = self._completion_routes[path] = CompletionRoute(endpoints, path)
+            self._direct_routes[path.encode("ascii")] = route
             router.routes.append(Route(path, route, methods=["POST"], include_in_schema=False))
         self.include_router(router)
+
+    def direct_route(self, method: bytes, raw_path: bytes) -> CompletionRoute | None:
+        """The completion route for a POST to its path while the app has no middleware
+        of its own and no ``root_path`` (:class:`kvtoll.direct_http.DirectRoutes`)."""
+        if method != b"POST" or self.user_middleware or self.root_path:
+            return None
+        return self._direct_routes.get(raw_path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware

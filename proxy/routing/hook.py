@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from engine.kv.hashing import hash_prompt_blocks
+from kvtoll import fastjson
 from proxy.routing.events import EventFeeds, RedisEventConsumer
 from proxy.routing.fleet import FleetSync, UpstreamFactory
 from proxy.routing.index import ApproxIndex
@@ -42,7 +42,7 @@ def prompt_bytes(body: dict[str, Any]) -> bytes:
     completion prompt's UTF-8 (empty for several prompts)."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return b"".join(json.dumps(m, sort_keys=True).encode() + b"\n" for m in messages)
+        return b"".join(fastjson.dumps(m, sort_keys=True) + b"\n" for m in messages)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -70,7 +70,7 @@ class RoutingHook:
         self._plans: dict[str, RoutePlan] = {}  # request id -> plan, until release
         self._max_open_plans = max_open_plans
 
-    async def rank(
+    def rank(
         self, candidates: Sequence[Upstream], request: UpstreamRequest
     ) -> list[Upstream]:
         """``candidates`` best first; the first choice is recorded as dispatched."""
@@ -110,14 +110,14 @@ class RoutingHook:
             return set()
         return {w.worker_id for w in self._registry.workers() if not w.healthy}
 
-    async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
+    def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """The upstream produced its first item (its prefill is done). If the gateway
         had moved past the first choice, that one failed before streaming: it is
         reported down and the request re-attributed to ``upstream``."""
         self._move_to(upstream, request)
         self.router.first_token(request.request_id)
 
-    async def failed(self, upstream: Upstream, request: UpstreamRequest) -> None:
+    def failed(self, upstream: Upstream, request: UpstreamRequest) -> None:
         """The upstream failed before streaming: mark it down, forget the attempt."""
         self.router.failed(request.request_id, worker_failed=True)
 
@@ -135,7 +135,7 @@ class RoutingHook:
         while len(self._plans) > self._max_open_plans:  # a release the gateway never sent
             del self._plans[next(iter(self._plans))]
 
-    async def release(
+    def release(
         self, upstream: Upstream, request: UpstreamRequest, usage: UpstreamUsage | None = None
     ) -> None:
         """The request finished on ``upstream``; ``usage`` (when given) feeds calibration."""

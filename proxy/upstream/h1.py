@@ -220,6 +220,14 @@ class H1Response:
         self._release()
 
 
+def request_head(method: str, origin: Origin, path: str, headers: Mapping[str, str]) -> bytes:
+    """The request line, ``host`` and ``headers``, each line ending in CRLF, without the
+    blank line that ends the head (more headers may follow)."""
+    lines = [f"{method} {origin.prefix}{path} HTTP/1.1", f"host: {origin.host_header()}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
 class H1Client:
     """Keep-alive connections per origin; at most ``max_connections`` in use at once."""
 
@@ -236,11 +244,15 @@ class H1Client:
                       read_timeout_s: float | None = None) -> H1Response:
         """Send one request; returns once the response headers arrived. The caller must
         read the body to its end or ``aclose`` the response."""
-        lines = [f"{method} {origin.prefix}{path} HTTP/1.1", f"host: {origin.host_header()}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
+        head = request_head(method, origin, path, headers)
         if body or method not in ("GET", "HEAD"):
-            lines.append(f"content-length: {len(body)}")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+            head += b"content-length: %d\r\n" % len(body)
+        return await self.send(origin, head + b"\r\n" + body, read_timeout_s=read_timeout_s)
+
+    async def send(self, origin: Origin, data: bytes, *,
+                   read_timeout_s: float | None = None) -> H1Response:
+        """:meth:`request` with the request already encoded (``data``: the head, from
+        :func:`request_head` plus any per-request headers, a blank line, the body)."""
         timeout = self.read_timeout_s if read_timeout_s is None else read_timeout_s
         if self._slots.locked():  # all connections busy: wait, but not forever
             try:

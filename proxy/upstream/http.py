@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.api import KVShare
+from kvtoll import fastjson
 from kvtoll.openai.protocol import SALT_FIELDS
 from kvtoll.openai.responses import TIER_DETAILS_FIELD, TierCachedTokens
 from kvtoll.openai.sse import (
@@ -51,29 +52,14 @@ from proxy.upstream.base import (
     UpstreamRequest,
     UpstreamUsage,
 )
-from proxy.upstream.h1 import H1Client, H1Error, H1Response, H1Timeout, Origin
+from proxy.upstream.h1 import H1Client, H1Error, H1Response, H1Timeout, Origin, request_head
 from proxy.upstream.sse_events import SseEvents
 from proxy.upstream.usage_report import UsageReportWatch
 
 _REJECTED = {400: 400, 413: 413, 422: 400}
+_DONE = DONE_SENTINEL.encode()
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 CHARS_PER_TOKEN = 4
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # built once, not per request
-_DECODER = json.JSONDecoder()
-
-
-def _event_json(data: str) -> Any:
-    """``json.loads(data)``; an object without surrounding whitespace (what servers
-    send) is decoded without the whitespace scans, with the same result."""
-    if data.startswith("{") and data.endswith("}"):
-        try:
-            value, end = _DECODER.raw_decode(data)
-        except json.JSONDecodeError:
-            pass
-        else:
-            if end == len(data):
-                return value
-    return json.loads(data)
 
 
 @dataclass(frozen=True)
@@ -122,6 +108,9 @@ class HttpUpstream:
         self._static_headers = {"accept": "text/event-stream", "content-type": "application/json",
                                 **self._auth_headers}
         self._usage_report = UsageReportWatch(self.name)
+        # each path's request head up to the per-request headers, encoded once
+        self._heads = {kind: request_head("POST", self._origin, path, self._static_headers)
+                       for kind, path in _PATHS.items()}
 
     @property
     def name(self) -> str:
@@ -141,26 +130,28 @@ class HttpUpstream:
                 body["kvtoll_kv_share"] = kv_share_field(request.kv_share)
         return body
 
-    def _headers(self, request: UpstreamRequest) -> dict[str, str]:
-        return {**self._static_headers, "x-request-id": request.request_id}
+    def _encoded(self, request: UpstreamRequest) -> bytes:
+        """The whole HTTP request for ``request``: its path's head, ``x-request-id``,
+        ``content-length``, the JSON body."""
+        body = fastjson.dumps(self.request_body(request))
+        return b"%bx-request-id: %b\r\ncontent-length: %d\r\n\r\n%b" % (
+            self._heads[request.kind], request.request_id.encode("latin-1"), len(body), body)
 
     async def stream(
         self, request: UpstreamRequest
     ) -> AsyncGenerator[UpstreamDelta | UpstreamUsage, None]:
         """Deltas then one usage item (see :class:`~proxy.upstream.base.Upstream`)."""
         reader = _StreamReader(request)
-        body = _COMPACT_JSON.encode(self.request_body(request)).encode()
+        encoded = self._encoded(request)
         resp: H1Response | None = None
         try:
-            resp = await self._client.request(
-                "POST", self._origin, _PATHS[request.kind], self._headers(request), body,
-                read_timeout_s=self.config.read_timeout_s,
-            )
+            resp = await self._client.send(self._origin, encoded,
+                                           read_timeout_s=self.config.read_timeout_s)
             if resp.status >= 400:
                 raise _status_error(resp.status, await resp.aread())
             reader.read_prompt_headers(resp.headers)
             if resp.headers.get("content-type", "").startswith("application/json"):
-                for delta in reader.whole(json.loads(await resp.aread())):
+                for delta in reader.whole(fastjson.loads(await resp.aread())):
                     yield delta  # a server that ignored stream=true
             else:
                 events = SseEvents()
@@ -248,16 +239,22 @@ class _StreamReader:
     def error(self, message: str, status: int = 502) -> UpstreamError:
         return UpstreamError(message, status=status, retryable=not self.produced)
 
-    def feed(self, data: str) -> list[UpstreamDelta]:
+    def feed(self, data: bytes) -> list[UpstreamDelta]:
+        """The deltas of one event's ``data`` (UTF-8; a malformed sequence is read as
+        U+FFFD, as a text decoder with ``errors="replace"`` would)."""
         if self.done:
             return []  # after [DONE]: the rest is read (to reuse the connection), not used
-        if data == DONE_SENTINEL:
+        if data == _DONE:
             self.done = True
             return []
         try:
-            event = _event_json(data)
-        except json.JSONDecodeError:
-            raise self.error(f"malformed event from upstream: {data[:200]!r}") from None
+            event = fastjson.fast_loads(data)
+        except ValueError:  # orjson refused it: json decides, on the replaced text
+            text = data.decode("utf-8", errors="replace")
+            try:
+                event = json.loads(text)
+            except json.JSONDecodeError:
+                raise self.error(f"malformed event from upstream: {text[:200]!r}") from None
         if not isinstance(event, dict):
             raise self.error(f"malformed event from upstream: {data[:200]!r}")
         if "error" in event:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from kvtoll.server import CoalescingTransport
+from kvtoll.coalescing import CoalescingTransport
 from tests.proxy.helpers import LiveServer
 
 

@@ -206,16 +206,16 @@ class RecordingRouter:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    async def rank(self, candidates: Sequence[Upstream],
-                   request: UpstreamRequest) -> list[Upstream]:
+    def rank(self, candidates: Sequence[Upstream],
+             request: UpstreamRequest) -> list[Upstream]:
         self.calls.append(("rank", ",".join(u.name for u in candidates)))
         return list(reversed(candidates))
 
-    async def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
+    def started(self, upstream: Upstream, request: UpstreamRequest) -> None:
         self.calls.append(("started", upstream.name))
 
-    async def release(self, upstream: Upstream, request: UpstreamRequest,
-                      usage: UpstreamUsage | None = None) -> None:
+    def release(self, upstream: Upstream, request: UpstreamRequest,
+                usage: UpstreamUsage | None = None) -> None:
         self.calls.append(("release", f"{upstream.name}:{usage and usage.completion_tokens}"))
 
 

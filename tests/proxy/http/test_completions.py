@@ -13,8 +13,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.middleware.gzip import GZipMiddleware
 
 from kvtoll.settings import Settings
+from proxy.http.completions import CompletionRoute, GatewayApp
 from tests.proxy.helpers import MODEL, Tenants, build_app, settled_rows
 from tests.proxy.scripted import ScriptedUpstream
 
@@ -200,3 +202,21 @@ def test_app_middleware_sees_the_completion_routes(
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == (
         "method_not_allowed")
     assert seen.count(CHAT) == 3
+
+
+def test_direct_routes_while_the_app_has_no_middleware_or_root_path(
+    settings: Settings, db: sessionmaker[Session], tenants: Tenants
+) -> None:
+    """``kvtoll serve``'s server hands a POST to a completion path straight to its route
+    (kvtoll.direct_http) only while nothing else must see it first."""
+    app = build_app(settings, db, upstreams=[ScriptedUpstream(num_words=3)])
+    assert isinstance(app, GatewayApp)
+    for path in (CHAT, "/v1/completions"):
+        assert isinstance(app.direct_route(b"POST", path.encode()), CompletionRoute)
+    assert app.direct_route(b"GET", CHAT.encode()) is None
+    assert app.direct_route(b"POST", b"/v1/models") is None
+    app.root_path = "/gateway"
+    assert app.direct_route(b"POST", CHAT.encode()) is None
+    app.root_path = ""
+    app.add_middleware(GZipMiddleware)
+    assert app.direct_route(b"POST", CHAT.encode()) is None

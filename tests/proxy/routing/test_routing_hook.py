@@ -36,7 +36,7 @@ async def _send(
 ) -> tuple[str, UpstreamUsage, int]:
     """The gateway's loop in miniature (proxy/service.py): try the ranked upstreams
     until one streams, tell the hook when it started and when it ended."""
-    for upstream in await stack.hook.rank(upstreams, request):
+    for upstream in stack.hook.rank(upstreams, request):
         stream = upstream.stream(request)
         try:
             first = await anext(stream)
@@ -45,12 +45,12 @@ async def _send(
             if failures is not None:
                 failures.append(upstream.name)
             continue
-        await stack.hook.started(upstream, request)
+        stack.hook.started(upstream, request)
         predicted = stack.router.predicted_cached_tokens(request.request_id)
         items = [first, *[item async for item in stream]]
         usage = items[-1]
         assert isinstance(usage, UpstreamUsage)
-        await stack.hook.release(upstream, request, usage)
+        stack.hook.release(upstream, request, usage)
         return upstream.name, usage, predicted or 0
     raise AssertionError("no upstream answered")
 

@@ -69,11 +69,11 @@ def test_a_conversation_sticks_to_its_worker_and_tenants_do_not_share() -> None:
     async def scenario() -> None:
         for i in range(4):  # unrelated conversations first
             other = [{"role": "user", "content": f"unrelated {i} " * 30}]
-            ranked = await hook.rank(upstreams, _chat(f"u{i}", other, b"a" * 16))
-            await hook.release(ranked[0], _chat(f"u{i}", other, b"a" * 16))
+            ranked = hook.rank(upstreams, _chat(f"u{i}", other, b"a" * 16))
+            hook.release(ranked[0], _chat(f"u{i}", other, b"a" * 16))
         turn = [*history, {"role": "user", "content": "first question " * 10}]
-        first = (await hook.rank(upstreams, _chat("t0", turn, b"a" * 16)))[0]
-        await hook.release(first, _chat("t0", turn, b"a" * 16))
+        first = (hook.rank(upstreams, _chat("t0", turn, b"a" * 16)))[0]
+        hook.release(first, _chat("t0", turn, b"a" * 16))
         for i in range(3):
             turn = [
                 *turn,
@@ -81,12 +81,12 @@ def test_a_conversation_sticks_to_its_worker_and_tenants_do_not_share() -> None:
                 {"role": "user", "content": f"next question {i}"},
             ]
             request = _chat(f"t{i + 1}", turn, b"a" * 16)
-            ranked = await hook.rank(upstreams, request)
+            ranked = hook.rank(upstreams, request)
             assert ranked[0].name == first.name
             assert (router.predicted_cached_tokens(request.request_id) or 0) > 100
-            await hook.release(ranked[0], request)
+            hook.release(ranked[0], request)
         stranger = _chat("s", turn, b"b" * 16)  # same text, another tenant's salt
-        await hook.rank(upstreams, stranger)
+        hook.rank(upstreams, stranger)
         assert router.predicted_cached_tokens("s") == 0
 
     asyncio.run(scenario())

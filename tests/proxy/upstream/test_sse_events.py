@@ -1,5 +1,6 @@
 """HttpUpstream's chunk-by-chunk SSE parser gives the same events as the engine's
-line-by-line reader, wherever the chunk boundaries fall."""
+line-by-line reader (as UTF-8 bytes), wherever the chunk boundaries fall, also inside a
+multi-byte character."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ async def _reference(stream: bytes = STREAM) -> list[str]:
 
 def _split(step: int, stream: bytes = STREAM) -> list[str]:
     events = SseEvents()
-    out: list[str] = []
+    out: list[bytes] = []
     for i in range(0, len(stream), step):
         out += events.feed(stream[i:i + step])
-    return out + events.close()
+    return [event.decode("utf-8") for event in out + events.close()]
 
 
 def test_events_match_the_line_reader_for_every_chunk_size() -> None:
@@ -71,5 +72,5 @@ def test_plain_streams_match_the_line_reader_for_every_chunk_size() -> None:
         assert got[:6] == expected, step
         assert got[6:] == ["trailing without blank line"], step
     events = SseEvents()  # several whole events in one chunk, then a split one
-    assert events.feed(b"data: 1\n\ndata: 2\n\ndata: 3") == ["1", "2"]
-    assert events.feed(b"3\n\n") == ["33"]
+    assert events.feed(b"data: 1\n\ndata: 2\n\ndata: 3") == [b"1", b"2"]
+    assert events.feed(b"3\n\n") == [b"33"]

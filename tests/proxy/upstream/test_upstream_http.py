@@ -186,6 +186,17 @@ async def test_missing_usage_is_estimated(third_party: HttpUpstream, script: Scr
     assert (await _run(third_party, req))[1].prompt_tokens == 3
 
 
+async def test_text_that_is_not_utf8_reads_as_replacement_characters(
+    third_party: HttpUpstream, script: Script
+) -> None:
+    """A malformed UTF-8 sequence in an event is U+FFFD, as a replacing text decoder
+    reads it, not a broken stream."""
+    script.events = [b'{"choices": [{"index": 0, "delta": {"content": "a\xffb"}}]}',
+                     chat_event(0, "\u00e9", "stop")]
+    deltas, _ = await _run(third_party, _req(_chat()))
+    assert [d.text for d in deltas] == ["a\ufffdb", "\u00e9"]
+
+
 async def test_reported_usage_without_cached_details(
     third_party: HttpUpstream, script: Script
 ) -> None:

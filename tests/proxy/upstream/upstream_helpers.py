@@ -79,7 +79,7 @@ class Script:
 
     status: int = 200
     error_body: Any = None
-    events: list[Any] = field(default_factory=list)  # dicts, or raw strings
+    events: list[Any] = field(default_factory=list)  # dicts, or raw strings or bytes
     send_done: bool = True
     delay_s: float = 0.0
     has_healthz: bool = True
@@ -95,6 +95,9 @@ def scripted_server(script: Script) -> FastAPI:
     async def frames() -> AsyncIterator[bytes]:
         for event in script.events:
             await asyncio.sleep(script.delay_s)
+            if isinstance(event, bytes):  # sent as it is (e.g. not UTF-8)
+                yield b"data: " + event + b"\n\n"
+                continue
             data = event if isinstance(event, str) else json.dumps(event)
             yield f"data: {data}\n\n".encode()
         if script.send_done:
