@@ -6,6 +6,10 @@ chunks back on their own event loop via ``call_soon_threadsafe``::
 
     asyncio caller --ops queue--> step thread --call_soon_threadsafe--> asyncio.Queue
 
+While a long step runs, the thread takes in new requests between its layers (and
+delivers the chunks of steps interjected there, :mod:`engine.tenant_fair`) through
+:class:`_StepHooks`; aborts that arrive meanwhile wait for the step's end.
+
 Build one with :func:`engine.factory.build_engine` (``EngineConfig.tiny()`` for tests).
 """
 
@@ -58,6 +62,7 @@ class AsyncEngine:
         self._thread_lock = threading.Lock()
         self._stopping = False
         self._idle_wait_s = idle_wait_s
+        self._held_aborts: list[str] = []  # step thread only: aborts seen inside a step
 
     @property
     def model_name(self) -> str:
@@ -168,20 +173,28 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                chunks = self.engine.step()
+                chunks = self.engine.step(_StepHooks(self))
             except Exception as exc:  # a bug: fail the requests, never hang them
                 log.exception("engine step failed")
                 self._abort_everything(exc)
                 continue
             self._dispatch(chunks)
 
-    def _drain_ops(self) -> None:
+    def _drain_ops(self, adds_only: bool = False) -> None:
+        """Apply queued ops in order; with ``adds_only`` (inside a step) aborts are kept
+        for the next drain between steps."""
+        if not adds_only:
+            for request_id in self._held_aborts:
+                self._dispatch(self.engine.abort_request(request_id))
+            self._held_aborts.clear()
         while True:
             try:
                 op = self._ops.get_nowait()
             except queue.Empty:
                 return
-            if op.kind == "abort":
+            if op.kind == "abort" and adds_only:
+                self._held_aborts.append(op.request_id)
+            elif op.kind == "abort":
                 self._dispatch(self.engine.abort_request(op.request_id))
             elif op.request is not None:
                 self._add(op.request)
@@ -214,3 +227,18 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self._streams):
             self._deliver(rid, exc)
+
+
+class _StepHooks:
+    """The step thread's :class:`engine.llm_engine.StepHooks`: arrivals between two
+    layers of a long step, and chunks of a step interjected there."""
+
+    def __init__(self, owner: AsyncEngine) -> None:
+        self._owner = owner
+
+    def poll(self) -> None:
+        if not self._owner._ops.empty():
+            self._owner._drain_ops(adds_only=True)
+
+    def deliver(self, chunks: list[GenerationChunk]) -> None:
+        self._owner._dispatch(chunks)

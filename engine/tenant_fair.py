@@ -1,0 +1,130 @@
+"""Tenant-fair scheduling policy: whose waiting work goes first, and whose short
+prefill may run *inside* another tenant's long step.
+
+Why. On a CPU worker a step with a long prefill chunk takes hundreds of ms, and a
+request that arrives while it runs waits for all of it, however short its own work
+(a prefix-cache hit needs one small chunk). Ordering the queue cannot help with a
+step already running; shrinking chunks costs the flooding tenant's throughput in
+per-step overhead. vLLM and SGLang bound step time only by the token budget
+(``max_num_batched_tokens`` / ``chunked_prefill_size``, vLLM V0's
+``long_prefill_token_threshold``) and order by arrival or a request priority, with
+preemption by priority; none of them is fair across tenants. The fair order here is
+after VTC (Sheng et al., "Fairness in Serving Large Language Models", OSDI'24):
+serve the tenant that has received the least, counted in tokens.
+
+Algorithm
+---------
+1. **Usage.** Each tenant (a sequence's salt; ``None`` is one tenant too) has a
+   decayed counter ``U``. After every step, each scheduled sequence adds the tokens it
+   computed (a prefill chunk's tokens; cached tokens cost nothing; a decode counts
+   ``decode_weight``), then every counter is multiplied by
+   ``0.5 ** (step_tokens / half_life_tokens)``. The clock is work done, not wall
+   time: the order is deterministic, and a tenant that stopped sending recovers its
+   priority as others are served. Counters below ``FORGET_BELOW`` are dropped.
+2. **Order.** Before each step the waiting queue is sorted, stably, by its tenants'
+   ``U``, lowest first: arrival order within a tenant (a preempted sequence, put at
+   the head, stays ahead of its tenant's others) and among tenants of equal usage.
+   With one tenant waiting the queue is left as it is. The scheduler's short-prefill
+   rule then moves short prefills ahead (:mod:`engine.scheduler`).
+3. **Interjection.** A step with a *long* prefill chunk (more than the scheduler's
+   ``short_prefill_tokens`` = S) runs a layer at a time
+   (:class:`engine.runner.StagedForward`). Between two layers the engine takes in
+   new requests and the scheduler may admit, as a step of their own that runs to
+   its sampled token before the long step resumes, waiting sequences that
+
+   * need at most S uncomputed tokens after their cached prefix,
+   * belong to a tenant with no long chunk in the running step, whose ``U`` is
+     below the lowest ``U`` among the tenants that have one (a lighter tenant: with
+     one tenant nothing ever interjects, so single-tenant scheduling is unchanged),
+   * fit without preempting anyone or taking others' reserved blocks,
+
+   at most ``max_interjected_tokens`` tokens in all per long step. A short request's
+   wait for a long step is then one layer of it (~1/30 of the step), not the step.
+
+Parameters (:class:`FairnessConfig`): ``enabled`` (False: arrival order, no
+interjection: the scheduler of before), ``half_life_tokens`` (8192),
+``decode_weight`` (1.0), ``max_interjected_tokens`` (256), ``layers_per_stage`` (1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+FORGET_BELOW = 1e-3  # tokens: a counter this small is as good as none
+
+
+@dataclass(frozen=True)
+class FairnessConfig:
+    """Parameters of the tenant-fair policy (see the module docstring)."""
+
+    enabled: bool = True
+    half_life_tokens: int = 8192
+    decode_weight: float = 1.0
+    max_interjected_tokens: int = 256
+    layers_per_stage: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("half_life_tokens", "max_interjected_tokens", "layers_per_stage"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.decode_weight < 0:
+            raise ValueError(f"decode_weight must be >= 0, got {self.decode_weight}")
+
+
+class HasTenant(Protocol):
+    @property
+    def salt(self) -> Hashable: ...
+
+
+S = TypeVar("S", bound=HasTenant)
+
+
+class TenantUsage:
+    """Decayed per-tenant token counters, the fair order and the interjection test."""
+
+    def __init__(self, config: FairnessConfig | None = None) -> None:
+        self.config = config or FairnessConfig()
+        self._usage: dict[Hashable, float] = {}
+
+    def usage(self, tenant: Hashable) -> float:
+        return self._usage.get(tenant, 0.0)
+
+    def account(self, computed: Iterable[tuple[Hashable, int]]) -> None:
+        """A step ran: ``(tenant, tokens computed)`` per scheduled sequence (1 token =
+        a decode, weighted ``decode_weight``); then every counter decays by the step's
+        work."""
+        step_tokens = 0
+        for tenant, n in computed:
+            step_tokens += n
+            weight = self.config.decode_weight if n == 1 else 1.0
+            self._usage[tenant] = self._usage.get(tenant, 0.0) + weight * n
+        if not step_tokens:
+            return
+        factor = 0.5 ** (step_tokens / self.config.half_life_tokens)
+        for tenant in list(self._usage):
+            value = self._usage[tenant] * factor
+            if value < FORGET_BELOW:
+                del self._usage[tenant]
+            else:
+                self._usage[tenant] = value
+
+    def order(self, waiting: deque[S]) -> deque[S]:
+        """``waiting`` sorted stably by its tenants' usage, lowest first; the same
+        deque when disabled or when one tenant (or none) waits."""
+        if not self.config.enabled or len(waiting) < 2:
+            return waiting
+        first = waiting[0].salt
+        if all(s.salt == first for s in waiting):
+            return waiting
+        return deque(sorted(waiting, key=lambda s: self.usage(s.salt)))
+
+    def may_interject(self, tenant: Hashable, long_tenants: AbstractSet[Hashable]) -> bool:
+        """Whether ``tenant``'s short prefill may run inside a step whose long chunks
+        belong to ``long_tenants``: it has none there and is lighter than all of them."""
+        if not self.config.enabled or not long_tenants or tenant in long_tenants:
+            return False
+        return self.usage(tenant) < min(self.usage(t) for t in long_tenants)
