@@ -28,8 +28,11 @@ from engine.api import (
     GenerationChunk,
     GenerationRequest,
     KVEvent,
+    KVShare,
     Tokenizer,
 )
+from engine.kv.hashing import TenantSalt
+from engine.kv.tenant_shares import check_share
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
@@ -45,9 +48,10 @@ class _Stream:
 
 @dataclass(frozen=True)
 class _Op:
-    kind: str  # "add" | "abort"
+    kind: str  # "add" | "abort" | "shares"
     request: GenerationRequest | None = None
     request_id: str = ""
+    shares: tuple[tuple[TenantSalt, KVShare], ...] = ()
 
 
 class AsyncEngine:
@@ -126,6 +130,24 @@ class AsyncEngine:
         except Exception:  # a bug in the tier must not fail the request: recompute
             log.exception("prefetching KV blocks from the shared tier failed")
 
+    def set_kv_shares(self, shares: list[tuple[TenantSalt, KVShare]]) -> list[str]:
+        """Give each salt's tenant its share (the gateway's pushed policy table), applied
+        on the step thread before its next step; the shares refused (one line each: a
+        reservation larger than the pool, say), the others applied all the same."""
+        num_blocks = self.engine.kv.pool.num_blocks
+        accepted: list[tuple[TenantSalt, KVShare]] = []
+        refused: list[str] = []
+        for salt, share in shares:
+            try:
+                check_share(share, num_blocks)
+            except ValueError as exc:
+                refused.append(f"tenant {share.tenant!r}: {exc}")
+                continue
+            accepted.append((salt, share))
+        if accepted:
+            self._submit(_Op("shares", shares=tuple(accepted)))
+        return refused
+
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream ends with ``abort`` chunks, its blocks are freed."""
         self._submit(_Op("abort", request_id=request_id))
@@ -192,12 +214,21 @@ class AsyncEngine:
                 op = self._ops.get_nowait()
             except queue.Empty:
                 return
-            if op.kind == "abort" and adds_only:
+            if op.kind == "shares":
+                self._set_shares(op.shares)
+            elif op.kind == "abort" and adds_only:
                 self._held_aborts.append(op.request_id)
             elif op.kind == "abort":
                 self._dispatch(self.engine.abort_request(op.request_id))
             elif op.request is not None:
                 self._add(op.request)
+
+    def _set_shares(self, shares: tuple[tuple[TenantSalt, KVShare], ...]) -> None:
+        for salt, share in shares:
+            try:
+                self.engine.kv.pool.set_share(salt, share)
+            except ValueError as exc:  # checked on submission; the pool has the last word
+                log.warning("kv share of tenant %r refused: %s", share.tenant, exc)
 
     def _add(self, request: GenerationRequest) -> None:
         if request.request_id not in self._streams:
