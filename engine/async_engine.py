@@ -267,9 +267,11 @@ class _StepHooks:
     def __init__(self, owner: AsyncEngine) -> None:
         self._owner = owner
 
-    def poll(self) -> None:
-        if not self._owner._ops.empty():
-            self._owner._drain_ops(adds_only=True)
+    def poll(self) -> bool:
+        if self._owner._ops.empty():
+            return False
+        self._owner._drain_ops(adds_only=True)
+        return True
 
     def deliver(self, chunks: list[GenerationChunk]) -> None:
         self._owner._dispatch(chunks)

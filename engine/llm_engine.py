@@ -50,9 +50,9 @@ class StepHooks(Protocol):
     """What a step may call between two layers of a long chunk (the step thread's
     owner implements it)."""
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
         """Take in requests that arrived (:meth:`LLMEngine.add_request`); aborts wait
-        until the step has been accounted for."""
+        until the step has been accounted for. Whether any op came in."""
 
     def deliver(self, chunks: list[GenerationChunk]) -> None:
         """Send an interjected step's chunks to their callers now."""
@@ -178,12 +178,14 @@ class LLMEngine:
         fair = self.scheduler.fair.config
         allowance = fair.max_interjected_tokens
         inner_s = 0.0
+        look = True  # the waiting queue as it stands, then after each arrival
         while forward.advance(fair.layers_per_stage):
             if allowance <= 0:
                 continue
-            hooks.poll()
-            if not self.scheduler.waiting:
+            look = hooks.poll() or look
+            if not look or not self.scheduler.waiting:
                 continue
+            look = False
             inner = self.scheduler.schedule_interjection(long_tenants, allowance)
             if inner.scheduled:
                 self.num_interjections += 1

@@ -121,11 +121,12 @@ class _Hooks:
         self.events: list[tuple[str, str]] = []
         self.delivered: list[GenerationChunk] = []
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
         self.events.append(("poll", ""))
-        for request in self.arrivals:
+        arrived, self.arrivals = self.arrivals, []
+        for request in arrived:
             self.engine.add_request(request)
-        self.arrivals = []
+        return bool(arrived)
 
     def deliver(self, chunks: list[GenerationChunk]) -> None:
         self.delivered += chunks
