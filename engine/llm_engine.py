@@ -6,12 +6,12 @@ newly full blocks in the prefix cache, frees finished sequences, releases held
 choices). Not thread-safe: :class:`engine.async_engine.AsyncEngine` drives it from one
 thread.
 
-With :class:`StepHooks` (the async engine's), a step with another tenant's long
-prefill chunk runs a layer at a time, and between layers new requests come in and a
-lighter tenant's short prefills run as steps of their own, their chunks delivered at
-once (:mod:`engine.tenant_fair`)::
+With :class:`StepHooks` (the async engine's), a step runs a layer at a time, and
+between layers new requests come in and a lighter tenant's short prefills (of a
+tenant with nothing in the step) run as steps of their own, their chunks delivered
+at once (:mod:`engine.tenant_fair`)::
 
-    long step: L0 L1 L2 | poll; interjected step: prefill, sample, deliver | L3 ... L29, sample
+    step: L0 L1 L2 | poll; interjected step: prefill, sample, deliver | L3 ... L29, sample
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 
 class StepHooks(Protocol):
-    """What a step may call between two layers of a long chunk (the step thread's
-    owner implements it)."""
+    """What a step may call between two of its layers (the step thread's owner
+    implements it)."""
 
     def poll(self) -> bool:
         """Take in requests that arrived (:meth:`LLMEngine.add_request`); aborts wait
@@ -146,10 +146,10 @@ class LLMEngine:
             self.tier.flush()  # evicted blocks are copied before this step reuses them
         t0 = time.perf_counter()
         batch = [self._runner_seq(s) for s in out.scheduled]
-        long_tenants = self.scheduler.long_tenants(out) if hooks is not None else set()
+        tenants = self.scheduler.step_tenants(out) if hooks is not None else set()
         inner_s = 0.0  # time spent in interjected steps (they observe their own)
-        if long_tenants and hooks is not None:
-            logits, inner_s = self._run_interruptible(batch, long_tenants, hooks)
+        if tenants and hooks is not None and self.runner.stages(batch):
+            logits, inner_s = self._run_interruptible(batch, tenants, hooks)
         else:
             logits = self.runner.execute(batch)
         completing = out.completing
@@ -169,7 +169,7 @@ class LLMEngine:
         return chunks
 
     def _run_interruptible(
-        self, batch: list[RunnerSeq], long_tenants: set[TenantSalt | None], hooks: StepHooks
+        self, batch: list[RunnerSeq], tenants: set[TenantSalt | None], hooks: StepHooks
     ) -> tuple[torch.Tensor, float]:
         """The step's forward a stage of layers at a time; between stages, arrivals
         come in and the scheduler's interjections run whole (sampled, delivered).
@@ -186,7 +186,7 @@ class LLMEngine:
             if not look or not self.scheduler.waiting:
                 continue
             look = False
-            inner = self.scheduler.schedule_interjection(long_tenants, allowance)
+            inner = self.scheduler.schedule_interjection(tenants, allowance)
             if inner.scheduled:
                 self.num_interjections += 1
                 allowance -= sum(s.num_new_tokens for s in inner.scheduled)

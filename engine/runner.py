@@ -141,6 +141,11 @@ class ModelRunner:
         with self._on_device():
             return self._execute(batch)
 
+    def stages(self, batch: list[RunnerSeq]) -> bool:
+        """Whether :meth:`start` may run ``batch`` (not a step replayed as a CUDA graph,
+        which is one launch)."""
+        return self.graphs is None or self._graph_decode(self.graphs, batch) is None
+
     def start(self, batch: list[RunnerSeq]) -> StagedForward:
         """The same step as :meth:`execute`, to run a layer at a time
         (:class:`StagedForward`); always eager (never a decode graph)."""

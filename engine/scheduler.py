@@ -29,7 +29,7 @@ the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens`
 4. Tenant-fair order and interjection (:mod:`engine.tenant_fair`): before each step
    the waiting queue is ordered by its tenants' decayed usage (lightest first, stable);
    :meth:`Scheduler.schedule_interjection` admits a lighter tenant's short prefills as
-   a step of their own between two layers of a running step with long chunks.
+   a step of their own between two layers of a running step of other tenants.
 
 Progress is guaranteed: admission guarantees every sequence fits in an empty cache,
 and the oldest running sequence can always preempt everyone younger.
@@ -212,18 +212,18 @@ class Scheduler:
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
 
-    def long_tenants(self, out: SchedulerOutput) -> set[TenantSalt | None]:
-        """The tenants with a long prefill chunk (more than ``short_prefill_tokens``) in
-        ``out``: a step an interjection may enter (none: run it whole)."""
+    def step_tenants(self, out: SchedulerOutput) -> set[TenantSalt | None]:
+        """The tenants with work in ``out``, which another tenant's interjection may
+        enter (empty: nothing may, run it whole)."""
         if self.short_prefill_tokens <= 0 or not self.fair.config.enabled:
             return set()
-        return {s.seq.salt for s in out.scheduled if s.num_new_tokens > self.short_prefill_tokens}
+        return {s.seq.salt for s in out.scheduled}
 
     def schedule_interjection(
-        self, long_tenants: set[TenantSalt | None], max_tokens: int
+        self, step_tenants: set[TenantSalt | None], max_tokens: int
     ) -> SchedulerOutput:
-        """A step to run between two layers of a running step whose long chunks belong
-        to ``long_tenants`` (:mod:`engine.tenant_fair`, rule 3): waiting short prefills
+        """A step to run between two layers of a running step of ``step_tenants``' work
+        (:mod:`engine.tenant_fair`, rule 3): waiting short prefills
         of lighter tenants, in fair order, at most ``max_tokens`` tokens, each only if it
         fits without preempting or taking reserved blocks. Running sequences are not
         touched: the running step owns their progress until it is accounted for."""
@@ -231,7 +231,7 @@ class Scheduler:
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or max_tokens <= 0:
                 break
-            if not self.fair.may_interject(seq.salt, long_tenants) or not self._is_short(seq):
+            if not self.fair.may_interject(seq.salt, step_tenants) or not self._is_short(seq):
                 continue
             prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
             start = seq.num_computed_tokens + len(prefix) * self.kv.block_size

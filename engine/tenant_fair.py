@@ -1,11 +1,14 @@
 """Tenant-fair scheduling policy: whose waiting work goes first, and whose short
-prefill may run *inside* another tenant's long step.
+prefill may run *inside* a step of other tenants' work.
 
-Why. On a CPU worker a step with a long prefill chunk takes hundreds of ms, and a
-request that arrives while it runs waits for all of it, however short its own work
-(a prefix-cache hit needs one small chunk). Ordering the queue cannot help with a
-step already running; shrinking chunks costs the flooding tenant's throughput in
-per-step overhead. vLLM and SGLang bound step time only by the token budget
+Why. On a CPU worker a step with a long prefill chunk takes hundreds of ms, and even
+a decode-only step of a small model costs about as much as a short prefill (per-layer
+overhead: SmolLM2-135M, 2 busy cores, 50-180 ms either way). A request that arrives
+while a step runs waits for all of it, however short its own work (a prefix-cache hit
+needs one small chunk): under another tenant's flood a step is almost always running.
+Ordering the queue cannot help with a step already running; shrinking chunks costs
+the flooding tenant's throughput in per-step overhead and leaves the decode steps.
+vLLM and SGLang bound step time only by the token budget
 (``max_num_batched_tokens`` / ``chunked_prefill_size``, vLLM V0's
 ``long_prefill_token_threshold``) and order by arrival or a request priority, with
 preemption by priority; none of them is fair across tenants. The fair order here is
@@ -26,20 +29,21 @@ Algorithm
    the head, stays ahead of its tenant's others) and among tenants of equal usage.
    With one tenant waiting the queue is left as it is. The scheduler's short-prefill
    rule then moves short prefills ahead (:mod:`engine.scheduler`).
-3. **Interjection.** A step with a *long* prefill chunk (more than the scheduler's
-   ``short_prefill_tokens`` = S) runs a layer at a time
-   (:class:`engine.runner.StagedForward`). Between two layers the engine takes in
-   new requests and the scheduler may admit, as a step of their own that runs to
-   its sampled token before the long step resumes, waiting sequences that
+3. **Interjection.** Every step runs a layer at a time
+   (:class:`engine.runner.StagedForward`; not a step the runner would replay as a
+   CUDA graph). Between two layers the engine takes in new requests and the
+   scheduler may admit, as a step of their own that runs to its sampled token before
+   the running step resumes, waiting sequences that
 
-   * need at most S uncomputed tokens after their cached prefix,
-   * belong to a tenant with no long chunk in the running step, whose ``U`` is
-     below the lowest ``U`` among the tenants that have one (a lighter tenant: with
-     one tenant nothing ever interjects, so single-tenant scheduling is unchanged),
+   * need at most the scheduler's ``short_prefill_tokens`` uncomputed tokens after
+     their cached prefix,
+   * belong to a tenant with no sequence in the running step, whose ``U`` is below
+     the lowest ``U`` among the step's tenants (a lighter tenant: with one tenant
+     nothing ever interjects, so single-tenant scheduling is unchanged),
    * fit without preempting anyone or taking others' reserved blocks,
 
-   at most ``max_interjected_tokens`` tokens in all per long step. A short request's
-   wait for a long step is then one layer of it (~1/30 of the step), not the step.
+   at most ``max_interjected_tokens`` tokens in all per running step. A short
+   request's wait for a running step is then one layer of it (~1/30), not the step.
 
 Parameters (:class:`FairnessConfig`): ``enabled`` (False: arrival order, no
 interjection: the scheduler of before), ``half_life_tokens`` (8192),
@@ -122,9 +126,9 @@ class TenantUsage:
             return waiting
         return deque(sorted(waiting, key=lambda s: self.usage(s.salt)))
 
-    def may_interject(self, tenant: Hashable, long_tenants: AbstractSet[Hashable]) -> bool:
-        """Whether ``tenant``'s short prefill may run inside a step whose long chunks
-        belong to ``long_tenants``: it has none there and is lighter than all of them."""
-        if not self.config.enabled or not long_tenants or tenant in long_tenants:
+    def may_interject(self, tenant: Hashable, step_tenants: AbstractSet[Hashable]) -> bool:
+        """Whether ``tenant``'s short prefill may run inside a step of ``step_tenants``'
+        work: it has none there and is lighter than all of them."""
+        if not self.config.enabled or not step_tenants or tenant in step_tenants:
             return False
-        return self.usage(tenant) < min(self.usage(t) for t in long_tenants)
+        return self.usage(tenant) < min(self.usage(t) for t in step_tenants)

@@ -250,3 +250,21 @@ def test_an_abort_that_arrives_inside_a_step_waits_for_its_end(tiny_model: Loade
     assert engine.has_unfinished() and runner._held_aborts == ["b"]
     runner._drain_ops()  # between steps
     assert not engine.has_unfinished() and runner._held_aborts == []
+
+
+def test_a_cached_request_also_runs_inside_another_tenants_decode_step(
+    tiny_model: LoadedModel,
+) -> None:
+    engine = _engine(tiny_model)
+    bs = engine.block_size
+    stem = _prompt(9, 4 * bs)
+    _warm_a(engine, stem)
+    engine.add_request(GenerationRequest("b", _prompt(1, 100), GREEDY, B))
+    _batch(engine)
+    _batch(engine)  # b's prompt is done: its next steps are decodes
+    out = engine.scheduler.schedule()
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("b", 1)]
+    hooks = _Hooks(engine, [GenerationRequest("hit", (*stem, 5), GREEDY, A)])
+    chunks = engine.execute(out, hooks)
+    assert hooks.events == [("poll", ""), ("deliver", "hit:1")]
+    assert [c.request_id for c in chunks] == ["b"]  # b's decode token, after the hit's
