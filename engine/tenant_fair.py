@@ -37,9 +37,11 @@ Algorithm
 
    * need at most the scheduler's ``short_prefill_tokens`` uncomputed tokens after
      their cached prefix,
-   * belong to a tenant with no sequence in the running step, whose ``U`` is below
-     the lowest ``U`` among the step's tenants (a lighter tenant: with one tenant
-     nothing ever interjects, so single-tenant scheduling is unchanged),
+   * belong to a tenant whose ``U`` is below the lowest ``U`` among the *other*
+     tenants with work in the running step (a lighter tenant; its own earlier
+     request may be decoding in that step: it has no say over the step's length;
+     with one tenant nothing ever interjects, so single-tenant scheduling is
+     unchanged),
    * fit without preempting anyone or taking others' reserved blocks,
 
    at most ``max_interjected_tokens`` tokens in all per running step. A short
@@ -128,7 +130,8 @@ class TenantUsage:
 
     def may_interject(self, tenant: Hashable, step_tenants: AbstractSet[Hashable]) -> bool:
         """Whether ``tenant``'s short prefill may run inside a step of ``step_tenants``'
-        work: it has none there and is lighter than all of them."""
-        if not self.config.enabled or not step_tenants or tenant in step_tenants:
+        work: it is lighter than every other tenant there (and there is one)."""
+        others = [t for t in step_tenants if t != tenant]
+        if not self.config.enabled or not others:
             return False
-        return self.usage(tenant) < min(self.usage(t) for t in step_tenants)
+        return self.usage(tenant) < min(self.usage(t) for t in others)

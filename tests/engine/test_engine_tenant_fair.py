@@ -59,12 +59,13 @@ def test_order_is_stable_by_usage_and_leaves_one_tenant_alone() -> None:
     assert off.order(queue) is queue
 
 
-def test_only_a_lighter_tenant_without_a_long_chunk_may_interject() -> None:
+def test_only_a_tenant_lighter_than_the_steps_other_tenants_may_interject() -> None:
     usage = TenantUsage()
     usage.account([(A, 10), (B, 300)])
     assert usage.may_interject(A, {B})
     assert not usage.may_interject(B, {A})  # heavier
-    assert not usage.may_interject(A, {A, B})  # has a long chunk in the step
+    assert usage.may_interject(A, {A, B})  # A's own decode in the step: B is the other
+    assert not usage.may_interject(A, {A})  # its own step only
     assert not usage.may_interject(A, set())
     assert not usage.may_interject(None, {None})  # one tenant: never
     assert not TenantUsage(FairnessConfig(enabled=False)).may_interject(A, {B})
@@ -268,3 +269,23 @@ def test_a_cached_request_also_runs_inside_another_tenants_decode_step(
     chunks = engine.execute(out, hooks)
     assert hooks.events == [("poll", ""), ("deliver", "hit:1")]
     assert [c.request_id for c in chunks] == ["b"]  # b's decode token, after the hit's
+
+
+def test_a_tenant_decoding_in_the_step_may_still_interject_its_next_request(
+    tiny_model: LoadedModel,
+) -> None:
+    engine = _engine(tiny_model)
+    bs = engine.block_size
+    stem = _prompt(9, 4 * bs)
+    _warm_a(engine, stem)
+    engine.add_request(GenerationRequest("b", _prompt(1, 150), GREEDY, B))
+    _batch(engine)
+    _batch(engine)
+    engine.add_request(GenerationRequest("hit1", (*stem, 4), GREEDY, A))
+    assert _batch(engine) == [("hit1", 4 * bs, 1)]  # the short rule: b's chunk waits a step
+    out = engine.scheduler.schedule()
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [
+        ("b", 22), ("hit1", 1)]  # fmt: skip
+    hooks = _Hooks(engine, [GenerationRequest("hit2", (*stem, 5), GREEDY, A)])
+    engine.execute(out, hooks)
+    assert hooks.events == [("poll", ""), ("deliver", "hit2:1")]
