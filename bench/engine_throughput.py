@@ -325,6 +325,11 @@ def main() -> None:
         "--share-accounting", type=int, default=0, metavar="N",
         help="only tenant share accounting ON vs OFF: N interleaved pairs (bench.share_accounting)",
     )
+    ap.add_argument(
+        "--fair-scheduling", type=int, default=0, metavar="N",
+        help="only tenant-fair scheduling ON vs OFF, one tenant: N interleaved pairs "
+        "(bench.fair_scheduling)",
+    )  # fmt: skip
     ap.add_argument("--llama-cpp-peer", type=Path, help=argparse.SUPPRESS)  # run_llama_cpp's child
     ap.add_argument("--extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -357,6 +362,15 @@ def main() -> None:
         )
         print(json.dumps({"dtype": args.dtype, "requests": len(work.prompts),
                           "share_accounting": cost}, indent=2))
+        return
+    if args.fair_scheduling:
+        from bench.fair_scheduling import fair_scheduling_cost
+
+        cost = fair_scheduling_cost(
+            loaded, config, work.prompts, work.max_tokens, args.fair_scheduling
+        )
+        print(json.dumps({"dtype": args.dtype, "requests": len(work.prompts),
+                          "fair_scheduling": cost}, indent=2))
         return
     result: dict[str, Any] = {
         "dtype": args.dtype,

@@ -151,6 +151,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         "max_num_batched_tokens": args.max_batched_tokens,
         "max_num_seqs": args.max_seqs,
         "short_prefill_tokens": args.short_prefill_tokens,
+        "fair_scheduling": args.fair_scheduling,
     }
     if args.kv_cache_mb:
         common["kv_cache_bytes"] = args.kv_cache_mb * 2**20
@@ -282,6 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batched-tokens", type=int, default=256)
     p.add_argument("--max-seqs", type=int, default=32)
     p.add_argument("--short-prefill-tokens", type=int, default=64)
+    p.add_argument("--fair-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="engine.tenant_fair (--no-fair-scheduling: arrival order, no "
+                        "interjection)")  # fmt: skip
     p.add_argument("--trace", default=str(DEFAULT_TRACE))
     p.add_argument("--prefixes", type=int, default=4)
     p.add_argument("--prefix-hashes", type=int, default=4)

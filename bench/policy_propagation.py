@@ -2,14 +2,17 @@
 
 Two gateways (the real gateway app, each on its own port) share one billing database
 (SQLite in a temporary directory, or ``--database-url``); each sends to its own kvtoll
-worker (the real worker app and a tiny engine). Tenant ``acme`` keeps sending a small
-completion through each gateway every ``--interval`` seconds, as a steady tenant does.
-Each trial, at a random moment, the tenant's KV reservation is changed in the database
+worker (the real worker app and a tiny engine). Each trial, at a random moment, the
+tenant's KV reservation is changed in the database
 (:func:`billing.accounts.set_tenant_policy`, what ``kvtoll tenant policy NAME
 --kv-reserved-blocks N`` runs) and the time is taken from that commit until each
-worker's ``GET /load`` names the new ``reserved_blocks`` for the tenant: the share
-travels with the tenant's requests (``kvtoll_kv_share``), so this is the gateway's
-key-cache lifetime (``auth_cache_ttl_s``, 5 s) plus one request.
+worker's ``GET /load`` names the new ``reserved_blocks`` for the tenant.
+
+By default tenant ``acme`` sends nothing (an idle tenant: the share can only arrive by
+the gateways' push, :mod:`proxy.kv_policy_push`, one read and push a second).
+``--traffic``: it keeps sending a small completion through each gateway every
+``--interval`` seconds, so the share also travels with its requests
+(``kvtoll_kv_share``, as fresh as the gateway's key cache, ``auth_cache_ttl_s``).
 
 Prints one JSON object: every trial's two delays, their maximum, and the gateways'
 key-cache lifetime.
@@ -124,6 +127,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     app = create_app(settings, session_factory=factory, models=[model],
                                      upstreams=[HttpUpstream(HttpUpstreamConfig(worker_url))],
                                      config=config, web=False)
+                    # as deployed: the gateway's background loops (the share push) run
+                    await stack.enter_async_context(app.router.lifespan_context(app))
                     gateway_url = await stack.enter_async_context(serve_in_background(app))
                     workers.append(await stack.enter_async_context(
                         httpx.AsyncClient(base_url=worker_url, timeout=30)))
@@ -132,7 +137,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 half = config.auth_cache_ttl_s / 2
                 senders = [asyncio.create_task(
                     _traffic(g, key, model, args.interval, i * half, failures))
-                    for i, g in enumerate(gateways)]
+                    for i, g in enumerate(gateways)] if args.traffic else []
                 try:
                     await asyncio.sleep(len(gateways) * half)
                     for trial in range(args.trials):
@@ -155,7 +160,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_s": max(seen) if seen else None,
         "all_reached": all(d is not None for t in trials for d in t),
         "auth_cache_ttl_s": config.auth_cache_ttl_s,
-        "request_interval_s": args.interval,
+        "push_interval_s": config.kv_share_push_interval_s,
+        "traffic": args.traffic,
+        "request_interval_s": args.interval if args.traffic else None,
         "failed_requests": failures[:5],
         "num_failed_requests": len(failures),
     }
@@ -164,6 +171,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--traffic", action="store_true", help="the tenant keeps sending")
     ap.add_argument("--interval", type=float, default=0.05, help="seconds between requests")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait per trial")
     ap.add_argument("--seed", type=int, default=0)

@@ -100,6 +100,29 @@ def require_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
+@dataclass(frozen=True)
+class TenantKVPolicy:
+    """One tenant's share of each worker's KV cache, as the gateway pushes it."""
+
+    tenant_id: TenantId
+    name: str
+    kv_reserved_blocks: int
+    kv_max_blocks: int | None
+
+
+def kv_policies(session: Session) -> list[TenantKVPolicy]:
+    """Every tenant whose KV share is not the default (nothing reserved, no cap), by id."""
+    query = (
+        select(Tenant.id, Tenant.name, Tenant.kv_reserved_blocks, Tenant.kv_max_blocks)
+        .where((Tenant.kv_reserved_blocks > 0) | Tenant.kv_max_blocks.is_not(None))
+        .order_by(Tenant.id)
+    )
+    return [
+        TenantKVPolicy(TenantId(row.id), row.name, row.kv_reserved_blocks, row.kv_max_blocks)
+        for row in session.execute(query)
+    ]
+
+
 def set_tenant_policy(
     session: Session,
     name: str,

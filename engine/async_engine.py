@@ -6,6 +6,10 @@ chunks back on their own event loop via ``call_soon_threadsafe``::
 
     asyncio caller --ops queue--> step thread --call_soon_threadsafe--> asyncio.Queue
 
+While a long step runs, the thread takes in new requests between its layers (and
+delivers the chunks of steps interjected there, :mod:`engine.tenant_fair`) through
+:class:`_StepHooks`; aborts that arrive meanwhile wait for the step's end.
+
 Build one with :func:`engine.factory.build_engine` (``EngineConfig.tiny()`` for tests).
 """
 
@@ -24,8 +28,11 @@ from engine.api import (
     GenerationChunk,
     GenerationRequest,
     KVEvent,
+    KVShare,
     Tokenizer,
 )
+from engine.kv.hashing import TenantSalt
+from engine.kv.tenant_shares import check_share
 from engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
@@ -41,9 +48,10 @@ class _Stream:
 
 @dataclass(frozen=True)
 class _Op:
-    kind: str  # "add" | "abort"
+    kind: str  # "add" | "abort" | "shares"
     request: GenerationRequest | None = None
     request_id: str = ""
+    shares: tuple[tuple[TenantSalt, KVShare], ...] = ()
 
 
 class AsyncEngine:
@@ -58,6 +66,7 @@ class AsyncEngine:
         self._thread_lock = threading.Lock()
         self._stopping = False
         self._idle_wait_s = idle_wait_s
+        self._held_aborts: list[str] = []  # step thread only: aborts seen inside a step
 
     @property
     def model_name(self) -> str:
@@ -121,6 +130,24 @@ class AsyncEngine:
         except Exception:  # a bug in the tier must not fail the request: recompute
             log.exception("prefetching KV blocks from the shared tier failed")
 
+    def set_kv_shares(self, shares: list[tuple[TenantSalt, KVShare]]) -> list[str]:
+        """Give each salt's tenant its share (the gateway's pushed policy table), applied
+        on the step thread before its next step; the shares refused (one line each: a
+        reservation larger than the pool, say), the others applied all the same."""
+        num_blocks = self.engine.kv.pool.num_blocks
+        accepted: list[tuple[TenantSalt, KVShare]] = []
+        refused: list[str] = []
+        for salt, share in shares:
+            try:
+                check_share(share, num_blocks)
+            except ValueError as exc:
+                refused.append(f"tenant {share.tenant!r}: {exc}")
+                continue
+            accepted.append((salt, share))
+        if accepted:
+            self._submit(_Op("shares", shares=tuple(accepted)))
+        return refused
+
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream ends with ``abort`` chunks, its blocks are freed."""
         self._submit(_Op("abort", request_id=request_id))
@@ -168,23 +195,40 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                chunks = self.engine.step()
+                chunks = self.engine.step(_StepHooks(self))
             except Exception as exc:  # a bug: fail the requests, never hang them
                 log.exception("engine step failed")
                 self._abort_everything(exc)
                 continue
             self._dispatch(chunks)
 
-    def _drain_ops(self) -> None:
+    def _drain_ops(self, adds_only: bool = False) -> None:
+        """Apply queued ops in order; with ``adds_only`` (inside a step) aborts are kept
+        for the next drain between steps."""
+        if not adds_only:
+            for request_id in self._held_aborts:
+                self._dispatch(self.engine.abort_request(request_id))
+            self._held_aborts.clear()
         while True:
             try:
                 op = self._ops.get_nowait()
             except queue.Empty:
                 return
-            if op.kind == "abort":
+            if op.kind == "shares":
+                self._set_shares(op.shares)
+            elif op.kind == "abort" and adds_only:
+                self._held_aborts.append(op.request_id)
+            elif op.kind == "abort":
                 self._dispatch(self.engine.abort_request(op.request_id))
             elif op.request is not None:
                 self._add(op.request)
+
+    def _set_shares(self, shares: tuple[tuple[TenantSalt, KVShare], ...]) -> None:
+        for salt, share in shares:
+            try:
+                self.engine.kv.pool.set_share(salt, share)
+            except ValueError as exc:  # checked on submission; the pool has the last word
+                log.warning("kv share of tenant %r refused: %s", share.tenant, exc)
 
     def _add(self, request: GenerationRequest) -> None:
         if request.request_id not in self._streams:
@@ -214,3 +258,20 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self._streams):
             self._deliver(rid, exc)
+
+
+class _StepHooks:
+    """The step thread's :class:`engine.llm_engine.StepHooks`: arrivals between two
+    layers of a long step, and chunks of a step interjected there."""
+
+    def __init__(self, owner: AsyncEngine) -> None:
+        self._owner = owner
+
+    def poll(self) -> bool:
+        if self._owner._ops.empty():
+            return False
+        self._owner._drain_ops(adds_only=True)
+        return True
+
+    def deliver(self, chunks: list[GenerationChunk]) -> None:
+        self._owner._dispatch(chunks)

@@ -57,6 +57,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_num_batched_tokens: int = 512
     short_prefill_tokens: int = 64  # engine.scheduler: cached requests' short prefills first
+    fair_scheduling: bool = True  # engine.tenant_fair: tenant-fair order and interjection
     max_num_seqs: int = 64
     max_model_len: int | None = None
     max_n: int = 8

@@ -38,6 +38,7 @@ from engine.model.llama import LlamaForCausalLM, stack_checkpoint
 from engine.model.packed_linear import best_packing, pack_linears
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
+from engine.tenant_fair import FairnessConfig
 from engine.tokenizer import ByteTokenizer
 from engine.validation import Limits
 from kvtoll.progress import start_phase
@@ -247,7 +248,8 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         pool.on_evict = tier.on_evict
     kv = KVCacheManager(pool, tier)
     scheduler = Scheduler(kv, config.max_num_batched_tokens, config.max_num_seqs,
-                          config.short_prefill_tokens)
+                          config.short_prefill_tokens,
+                          fairness=FairnessConfig(enabled=config.fair_scheduling))
     limits = Limits(
         max_len,
         config.max_n,

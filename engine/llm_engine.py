@@ -5,13 +5,20 @@ check for finishes -> the scheduler accounts for the step (advances progress, re
 newly full blocks in the prefix cache, frees finished sequences, releases held
 choices). Not thread-safe: :class:`engine.async_engine.AsyncEngine` drives it from one
 thread.
+
+With :class:`StepHooks` (the async engine's), a step runs a layer at a time, and
+between layers new requests come in and a lighter tenant's short prefills (of a
+tenant with nothing in the step) run as steps of their own, their chunks delivered
+at once (:mod:`engine.tenant_fair`)::
+
+    step: L0 L1 L2 | poll; interjected step: prefill, sample, deliver | L3 ... L29, sample
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.api import (
     EngineLoad,
@@ -31,9 +38,24 @@ from engine.sequence import Sequence
 from engine.validation import Limits, validate_request
 
 if TYPE_CHECKING:
+    import torch
+
+    from engine.kv.hashing import TenantSalt
     from engine.kv.tier.tier import KVTier
 
 log = logging.getLogger(__name__)
+
+
+class StepHooks(Protocol):
+    """What a step may call between two of its layers (the step thread's owner
+    implements it)."""
+
+    def poll(self) -> bool:
+        """Take in requests that arrived (:meth:`LLMEngine.add_request`); aborts wait
+        until the step has been accounted for. Whether any op came in."""
+
+    def deliver(self, chunks: list[GenerationChunk]) -> None:
+        """Send an interjected step's chunks to their callers now."""
 
 
 class LLMEngine:
@@ -62,6 +84,7 @@ class LLMEngine:
         self._requests: dict[str, list[Sequence]] = {}
         self.num_preemptions = 0  # total, for tests and metrics
         self.num_steps = 0
+        self.num_interjections = 0  # steps run inside another step (engine.tenant_fair)
 
     @property
     def block_size(self) -> int:
@@ -105,11 +128,14 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> list[GenerationChunk]:
-        """Run one scheduling step; the chunks it produced."""
-        return self.execute(self.scheduler.schedule())
+    def step(self, hooks: StepHooks | None = None) -> list[GenerationChunk]:
+        """Run one scheduling step; the chunks it produced (with ``hooks``, chunks of
+        steps interjected into it went out through ``hooks.deliver`` already)."""
+        return self.execute(self.scheduler.schedule(), hooks)
 
-    def execute(self, out: SchedulerOutput) -> list[GenerationChunk]:
+    def execute(
+        self, out: SchedulerOutput, hooks: StepHooks | None = None
+    ) -> list[GenerationChunk]:
         """Run a batch the scheduler picked: model, sampling, finish checks; then the
         scheduler accounts for the step (progress, prefix caching, freeing)."""
         self.num_preemptions += len(out.preempted)
@@ -119,14 +145,20 @@ class LLMEngine:
         if self.tier is not None:
             self.tier.flush()  # evicted blocks are copied before this step reuses them
         t0 = time.perf_counter()
-        logits = self.runner.execute([self._runner_seq(s) for s in out.scheduled])
+        batch = [self._runner_seq(s) for s in out.scheduled]
+        tenants = self.scheduler.step_tenants(out) if hooks is not None else set()
+        inner_s = 0.0  # time spent in interjected steps (they observe their own)
+        if tenants and hooks is not None and self.runner.stages(batch):
+            logits, inner_s = self._run_interruptible(batch, tenants, hooks)
+        else:
+            logits = self.runner.execute(batch)
         completing = out.completing
         tokens, logprobs = sample_batch(
             logits, [s.sampling for s in completing], [s.generator for s in completing]
         )
         if self.tier is not None:
             num_tokens = sum(s.num_new_tokens for s in out.scheduled)
-            self.tier.observe_step(num_tokens, time.perf_counter() - t0)
+            self.tier.observe_step(num_tokens, time.perf_counter() - t0 - inner_s)
         chunks: list[GenerationChunk] = []
         for seq, tok, lp in zip(completing, tokens, logprobs, strict=True):
             chunk = self._append_token(seq, tok, lp)
@@ -135,6 +167,33 @@ class LLMEngine:
         self.scheduler.update_from_output(out)
         self._forget_finished(completing)
         return chunks
+
+    def _run_interruptible(
+        self, batch: list[RunnerSeq], tenants: set[TenantSalt | None], hooks: StepHooks
+    ) -> tuple[torch.Tensor, float]:
+        """The step's forward a stage of layers at a time; between stages, arrivals
+        come in and the scheduler's interjections run whole (sampled, delivered).
+        The logits, and the seconds the interjected steps took."""
+        forward = self.runner.start(batch)
+        fair = self.scheduler.fair.config
+        allowance = fair.max_interjected_tokens
+        inner_s = 0.0
+        look = True  # the waiting queue as it stands, then after each arrival
+        while forward.advance(fair.layers_per_stage):
+            if allowance <= 0:
+                continue
+            look = hooks.poll() or look
+            if not look or not self.scheduler.waiting:
+                continue
+            look = False
+            inner = self.scheduler.schedule_interjection(tenants, allowance)
+            if inner.scheduled:
+                self.num_interjections += 1
+                allowance -= sum(s.num_new_tokens for s in inner.scheduled)
+                t0 = time.perf_counter()
+                hooks.deliver(self.execute(inner))
+                inner_s += time.perf_counter() - t0
+        return forward.logits(), inner_s
 
     def _runner_seq(self, s: ScheduledSeq) -> RunnerSeq:
         seq = s.seq

@@ -141,6 +141,18 @@ class ModelRunner:
         with self._on_device():
             return self._execute(batch)
 
+    def stages(self, batch: list[RunnerSeq]) -> bool:
+        """Whether :meth:`start` may run ``batch`` (not a step replayed as a CUDA graph,
+        which is one launch)."""
+        return self.graphs is None or self._graph_decode(self.graphs, batch) is None
+
+    def start(self, batch: list[RunnerSeq]) -> StagedForward:
+        """The same step as :meth:`execute`, to run a layer at a time
+        (:class:`StagedForward`); always eager (never a decode graph)."""
+        if not batch:
+            raise ValueError("empty batch")
+        return StagedForward(self, *self.build(batch))
+
     def warmup(self, num_tokens: int, num_seqs: int) -> None:
         """Run a full-size prefill step (``num_tokens`` tokens over at least
         ``num_seqs`` sequences, more where ``max_model_len`` is short) and a decode step
@@ -215,3 +227,55 @@ def warmup_batches(
         prefill.append(RunnerSeq((0,) * length, 0, blocks, needs_logits=True))
         decode.append(RunnerSeq((0,), length, blocks, needs_logits=True))
     return prefill, decode
+
+
+class StagedForward:
+    """One step's forward, run a few layers per :meth:`advance`, so the engine can run
+    other (short) steps between two layers of a long one (:mod:`engine.tenant_fair`).
+
+    Between calls it holds the step's hidden states; every layer already run has
+    written this step's K/V into its blocks, which no other step writes (the
+    scheduler allocated them to this step's sequences). The attention backends key
+    their per-step plans on the metadata object, so a step in between only costs
+    this one a re-plan. Logits equal :meth:`ModelRunner.execute`'s for the batch.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        rows: torch.Tensor,
+    ) -> None:
+        self._runner = runner
+        self._meta = meta
+        self._rows = rows
+        self.num_layers = runner.model.num_layers
+        self.next_layer = 0
+        with torch.inference_mode(), runner._on_device():
+            self._h, self._tables = runner.model.embed(input_ids, positions, runner.rope)
+
+    @property
+    def done(self) -> bool:
+        return self.next_layer >= self.num_layers
+
+    def advance(self, num_layers: int = 1) -> bool:
+        """Run the next ``num_layers`` layers; whether layers remain after them."""
+        if num_layers <= 0:
+            raise ValueError(f"num_layers must be positive, got {num_layers}")
+        stop = min(self.num_layers, self.next_layer + num_layers)
+        r = self._runner
+        with torch.inference_mode(), r._on_device():
+            self._h = r.model.run_layers(self._h, self._tables, r.kv_caches, self._meta,
+                                         r.backend, self.next_layer, stop)  # fmt: skip
+        self.next_layer = stop
+        return not self.done
+
+    def logits(self) -> torch.Tensor:
+        """The step's logits (as :meth:`ModelRunner.execute`); every layer must have run."""
+        if not self.done:
+            raise RuntimeError(f"logits before layer {self.next_layer} of {self.num_layers} ran")
+        r = self._runner
+        with torch.inference_mode(), r._on_device():
+            return r.model.compute_logits(r.model.final_norm(self._h).index_select(0, self._rows))

@@ -26,6 +26,11 @@ the prompt). Policy, each step, with a token budget of ``max_num_batched_tokens`
    is not stuck behind another tenant's long prefills in the same step. A long prefill
    is left out at most ``max_deferrals`` steps in a row, then it runs regardless.
 
+4. Tenant-fair order and interjection (:mod:`engine.tenant_fair`): before each step
+   the waiting queue is ordered by its tenants' decayed usage (lightest first, stable);
+   :meth:`Scheduler.schedule_interjection` admits a lighter tenant's short prefills as
+   a step of their own between two layers of a running step of other tenants.
+
 Progress is guaranteed: admission guarantees every sequence fits in an empty cache,
 and the oldest running sequence can always preempt everyone younger.
 
@@ -42,8 +47,10 @@ from dataclasses import dataclass
 from engine.api import GenerationRequest
 from engine.fanout import FanOut
 from engine.kv.free_queue import KVBlock
+from engine.kv.hashing import TenantSalt
 from engine.kv.kv_manager import KVCacheManager
 from engine.sequence import SeqStatus, Sequence
+from engine.tenant_fair import FairnessConfig, TenantUsage
 from kvtoll.openai.responses import TierCachedTokens
 
 
@@ -78,6 +85,7 @@ class Scheduler:
         max_num_seqs: int,
         short_prefill_tokens: int = 0,
         max_deferrals: int = 8,
+        fairness: FairnessConfig | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -87,6 +95,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.fan_out = FanOut()
+        self.fair = TenantUsage(fairness)
 
     def add_request(self, request: GenerationRequest) -> list[Sequence]:
         """All of the request's choices; choice 0 joins the tail of the waiting queue,
@@ -103,6 +112,7 @@ class Scheduler:
         """Pick this step's batch (may preempt); allocates the blocks it needs."""
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
+        self.waiting = self.fair.order(self.waiting)
         short = self._short_step()
         budget = self._schedule_running(scheduled, preempted, short)
         if not preempted:
@@ -184,18 +194,57 @@ class Scheduler:
             if not self.kv.allocate_slots(seq, n, prefix, use_reserved=not self.running):
                 return
             self.waiting.popleft()
-            loaded = self.kv.take_tier_loaded(seq)
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = len(prefix) * self.kv.block_size
-                if loaded is not None:
-                    bs = self.kv.block_size
-                    seq.tier_cached_tokens = TierCachedTokens(
-                        loaded.host_blocks * bs, loaded.shared_blocks * bs
-                    ).clamped(seq.num_cached_tokens)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            self._start_running(seq, prefix)
             scheduled.append(self._scheduled(seq, start, n))
             budget -= n
+
+    def _start_running(self, seq: Sequence, prefix: list[KVBlock]) -> None:
+        """``seq`` (off the waiting queue, its slots allocated) joins the running batch;
+        on its first admission, how many prompt tokens the cache (and tier 2) gave it."""
+        loaded = self.kv.take_tier_loaded(seq)
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = len(prefix) * self.kv.block_size
+            if loaded is not None:
+                bs = self.kv.block_size
+                seq.tier_cached_tokens = TierCachedTokens(
+                    loaded.host_blocks * bs, loaded.shared_blocks * bs
+                ).clamped(seq.num_cached_tokens)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def step_tenants(self, out: SchedulerOutput) -> set[TenantSalt | None]:
+        """The tenants with work in ``out``, which another tenant's interjection may
+        enter (empty: nothing may, run it whole)."""
+        if self.short_prefill_tokens <= 0 or not self.fair.config.enabled:
+            return set()
+        return {s.seq.salt for s in out.scheduled}
+
+    def schedule_interjection(
+        self, step_tenants: set[TenantSalt | None], max_tokens: int
+    ) -> SchedulerOutput:
+        """A step to run between two layers of a running step of ``step_tenants``' work
+        (:mod:`engine.tenant_fair`, rule 3): waiting short prefills
+        of lighter tenants, in fair order, at most ``max_tokens`` tokens, each only if it
+        fits without preempting or taking reserved blocks. Running sequences are not
+        touched: the running step owns their progress until it is accounted for."""
+        scheduled: list[ScheduledSeq] = []
+        for seq in list(self.waiting):
+            if len(self.running) >= self.max_num_seqs or max_tokens <= 0:
+                break
+            if not self.fair.may_interject(seq.salt, step_tenants) or not self._is_short(seq):
+                continue
+            prefix = self.kv.find_prefix(seq) if seq.num_computed_tokens == 0 else []
+            start = seq.num_computed_tokens + len(prefix) * self.kv.block_size
+            n = seq.num_tokens - start
+            if n > max_tokens or not self._fits_beside_reservations(seq, prefix):
+                continue
+            if not self.kv.allocate_slots(seq, n, prefix, use_reserved=False):
+                continue
+            self.waiting.remove(seq)
+            self._start_running(seq, prefix)
+            scheduled.append(self._scheduled(seq, start, n))
+            max_tokens -= n
+        return SchedulerOutput(tuple(scheduled), ())
 
     def _fits_beside_reservations(self, seq: Sequence, prefix: list[KVBlock]) -> bool:
         """With reservations set, whether ``seq``'s whole prompt fits in blocks that are
@@ -241,6 +290,7 @@ class Scheduler:
             if s.seq.num_computed_tokens > s.start:
                 raise RuntimeError(f"seq {s.seq.seq_id}: progress moved outside the scheduler")
             s.seq.num_computed_tokens = s.start + s.num_new_tokens
+        self.fair.account((s.seq.salt, s.num_new_tokens) for s in out.scheduled)
         for seq in out.completing:
             if seq.finish_reason is not None:
                 self.kv.cache_full_blocks(seq)

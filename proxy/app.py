@@ -30,7 +30,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 
-from billing.accounts import KeyIdentity
+from billing import accounts
+from billing.accounts import KeyIdentity, TenantKVPolicy
 from billing.errors import BillingError
 from engine.api import Tokenizer
 from kvtoll.openai.errors import error_response, install_error_handlers
@@ -44,6 +45,7 @@ from proxy.http import openai as openai_routes
 from proxy.http import ops as ops_routes
 from proxy.http.completions import CompletionEndpoints, GatewayApp
 from proxy.intake import Intake, RateLimited
+from proxy.kv_policy_push import KVSharePusher
 from proxy.ledger_process import ProcessLedgerSink, shareable_url
 from proxy.metering import InProcessLedgerSink, LedgerSink, Meter
 from proxy.metrics import ProxyMetrics
@@ -282,6 +284,7 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
         asyncio.create_task(state.pool.run_health_checks(config.health_check_interval_s,
                                                          config.worker_probe_min_s)),
         asyncio.create_task(state.probes.run()),
+        asyncio.create_task(_share_pusher(state).run()),
     ]
     try:
         yield
@@ -298,6 +301,18 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
         await state.pool.aclose()
         await asyncio.to_thread(state.outbox.close)
         state.progress.close()
+
+
+def _share_pusher(state: ProxyState) -> KVSharePusher:
+    """The task that keeps the workers' tenant KV shares in step with the database."""
+    factory = state.session_factory
+
+    def read() -> list[TenantKVPolicy]:
+        with factory() as session:
+            return accounts.kv_policies(session)
+
+    return KVSharePusher(read, state.pool, state.settings.server_secret(),
+                         interval_s=state.config.kv_share_push_interval_s)
 
 
 def _bill_cut_streams(state: ProxyState) -> None:

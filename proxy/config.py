@@ -57,6 +57,7 @@ class ProxyConfig:
     ledger_batch_delay_s: float = 0.2  # ledger rows trail responses by about this much
     outbox_fsync: bool = False  # fsync every usage record (survives power loss, slower)
     health_check_interval_s: float = 5.0
+    kv_share_push_interval_s: float = 1.0  # proxy.kv_policy_push: read and push the KV shares
     # Semantic-cache stores run after the response; past this many still waiting (misses
     # arriving faster than they can be embedded) further answers are not stored.
     max_pending_cache_stores: int = 256

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from engine.kv.hashing import BlockHash, TenantSalt
 from kvtoll.openai.responses import TierCachedTokens
@@ -125,6 +125,15 @@ class KVEvent:
 
 class EngineRejected(ValueError):
     """The request can never run (too long for the context or the cache, n over cap...)."""
+
+
+@runtime_checkable
+class AcceptsKVShares(Protocol):
+    """An engine that takes the gateway's pushed tenant policy table (kvtoll workers)."""
+
+    def set_kv_shares(self, shares: list[tuple[TenantSalt, KVShare]]) -> list[str]:
+        """Apply each salt's share; one line per share refused."""
+        ...
 
 
 class AsyncEngineClient(Protocol):

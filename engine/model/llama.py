@@ -138,10 +138,41 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of the flattened tokens."""
-        h = self.model.embed_tokens(input_ids)
-        tables = rope.tables(positions)  # once per step, not per layer
-        for layer, cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(h, tables, cache, meta, backend)
+        h, tables = self.embed(input_ids, positions, rope)
+        h = self.run_layers(h, tables, kv_caches, meta, backend, 0, self.num_layers)
+        return self.model.norm(h)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    def embed(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
+    ) -> tuple[torch.Tensor, RopeTables]:
+        """The token embeddings and the step's RoPE tables (once per step, not per layer):
+        what :meth:`run_layers` starts from."""
+        return self.model.embed_tokens(input_ids), rope.tables(positions)
+
+    def run_layers(
+        self,
+        h: torch.Tensor,
+        tables: RopeTables,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        start: int,
+        stop: int,
+    ) -> torch.Tensor:
+        """Hidden states after layers ``start`` .. ``stop - 1`` (each writes its K/V).
+        A step may run its layers in several calls, with other steps between them
+        (:class:`engine.runner.StagedForward`): a layer reads only its own cache and
+        the metadata passed in."""
+        layers = self.model.layers
+        for i in range(start, stop):
+            h = layers[i](h, tables, kv_caches[i], meta, backend)
+        return h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

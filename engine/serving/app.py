@@ -2,7 +2,9 @@
 (streamed or whole, usage with ``prompt_tokens_details.cached_tokens`` and, with a KV
 tier, ``prompt_tokens_details.kvtoll_tier_cached_tokens``) plus what the proxy's prefix
 router reads: ``GET /kv/events`` and ``GET /load`` (with each tenant's share of the
-prefix cache), and ``GET /metrics`` (:mod:`engine.serving.metrics`).
+prefix cache), and ``GET /metrics`` (:mod:`engine.serving.metrics`); ``PUT /kv/shares``
+takes the gateway's table of tenant shares (:mod:`engine.serving.shares`), so a
+reservation holds before the tenant's next request.
 
 Workers are internal services: only the kvtoll proxy should reach them, and with a
 worker token configured (``WorkerConfig.tokens``) every request without it is
@@ -34,6 +36,7 @@ from engine.api.generation import ChoiceDelta, UsageTotals, collect, run_prepare
 from engine.kv.hashing import TenantSalt
 from engine.serving.auth import WorkerAuth
 from engine.serving.metrics import CONTENT_TYPE, WorkerMetrics
+from engine.serving.shares import apply_shares
 from kvtoll.openai.errors import (
     DEFAULT_MAX_BODY_BYTES,
     SERVER_ERROR,
@@ -316,5 +319,10 @@ def build_worker_app(
         cursor: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)
     ) -> dict[str, Any]:
         return service.kv_events(cursor, limit)
+
+    @app.put("/kv/shares")
+    async def kv_shares(request: Request) -> dict[str, Any]:
+        body = await read_json_body(request, service.config.max_body_bytes)
+        return {**apply_shares(engine, body), "instance_id": service.instance_id}
 
     return app

@@ -203,6 +203,21 @@ class HttpUpstream:
                 return False
         return False
 
+    async def push_kv_shares(self, shares: list[dict[str, Any]]) -> bool | None:
+        """``PUT /kv/shares`` (:mod:`proxy.kv_policy_push`): True if accepted, False if
+        it failed, None if this upstream takes no shares (not a kvtoll worker)."""
+        if not self.config.send_salt:
+            return None
+        body = json.dumps({"shares": shares}).encode()
+        headers = {"content-type": "application/json", **self._auth_headers}
+        try:
+            resp = await self._client.request("PUT", self._origin, "/kv/shares", headers, body,
+                                              read_timeout_s=self.config.connect_timeout_s)
+            await resp.aread()
+        except (H1Error, OSError):
+            return False
+        return None if resp.status in (404, 405, 501) else resp.status == 200
+
     async def aclose(self) -> None:
         """Close the connection pool (when this upstream created it)."""
         if self._owns_client:

@@ -9,12 +9,15 @@ retryable only while nothing was produced. Closing the stream aborts the request
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from typing import Any
 
-from engine.api import AsyncEngineClient, EngineRejected, Tokenizer
+from engine.api import AcceptsKVShares, AsyncEngineClient, EngineRejected, KVShare, Tokenizer
 from engine.api.convert import PreparedRequest, prepare, rejection_param
 from engine.api.generation import ChoiceDelta, UsageTotals, run_prepared
+from engine.kv.hashing import TenantSalt
 from kvtoll.openai.errors import OpenAIError
 from kvtoll.openai.protocol import parse_request
 from kvtoll.openai.responses import chat_logprobs, completion_logprobs
@@ -25,6 +28,8 @@ from proxy.upstream.base import (
     UpstreamRequest,
     UpstreamUsage,
 )
+
+log = logging.getLogger(__name__)
 
 
 class InProcessUpstream:
@@ -45,6 +50,20 @@ class InProcessUpstream:
     def tokenizer(self) -> Tokenizer:
         """The engine's tokenizer (the proxy counts and hashes prompts with it)."""
         return self._engine.tokenizer()
+
+    async def push_kv_shares(self, shares: list[dict[str, Any]]) -> bool | None:
+        """The gateway's tenant KV shares (:mod:`proxy.kv_policy_push`), straight to the
+        engine; None if it takes none."""
+        if not isinstance(self._engine, AcceptsKVShares):
+            return None
+        refused = self._engine.set_kv_shares([
+            (TenantSalt(bytes.fromhex(e["cache_salt"])),
+             KVShare(e["tenant"], e["reserved_blocks"], e["max_blocks"]))
+            for e in shares
+        ])  # fmt: skip
+        for line in refused:
+            log.warning("kv share refused: %s", line)
+        return True
 
     def prepare(self, request: UpstreamRequest) -> PreparedRequest:
         """The engine input for ``request``; :class:`UpstreamRejected` if invalid."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,6 @@ from engine.api import (
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_engine
 from engine.kv.hashing import TenantSalt, hash_prompt_blocks
-from engine.runner import RunnerSeq
 
 PROMPT = tuple(range(3, 43))  # 40 tokens: 2 full blocks
 
@@ -117,17 +117,18 @@ def test_prefix_hit_reports_cached_tokens_and_kv_events(tiny_model: LoadedModel)
 def test_a_failing_step_fails_the_stream_instead_of_hanging(tiny_model: LoadedModel) -> None:
     async def scenario() -> None:
         engine = build_engine(EngineConfig.tiny(), tiny_model)
-        real_execute = engine.engine.runner.execute
+        model = engine.engine.runner.model
+        real_run_layers = model.run_layers
         calls = 0
 
-        def flaky(batch: list[RunnerSeq]) -> torch.Tensor:  # fault injection in the runner
-            nonlocal calls
+        def flaky(*args: Any) -> torch.Tensor:  # fault injection in the model, once
+            nonlocal calls  # (a step runs its layers in one call or one call per layer)
             calls += 1
-            if calls == 2:
+            if calls == 3:
                 raise RuntimeError("device lost")
-            return real_execute(batch)
+            return real_run_layers(*args)
 
-        engine.engine.runner.execute = flaky  # type: ignore[method-assign]
+        model.run_layers = flaky  # type: ignore[method-assign]
         try:
             with pytest.raises(RuntimeError, match="device lost"):
                 await asyncio.wait_for(

@@ -22,7 +22,7 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 2, "cache_salt": "00" * 16}
 ROUTES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
           ("GET", "/v1/models"), ("GET", "/healthz"), ("GET", "/load"), ("GET", "/kv/events"),
-          ("GET", "/no-such-route")]
+          ("PUT", "/kv/shares"), ("GET", "/no-such-route")]
 
 
 @pytest.fixture
