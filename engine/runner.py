@@ -16,6 +16,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.decode_graphs import DecodeBatch, DecodeGraphs
+from engine.kernels.cpu_fused import FusedKernels
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.rope import RotaryEmbedding
 
@@ -49,10 +50,16 @@ class ModelRunner:
         dtype: torch.dtype,
         device: str,
         graph_sizes: Sequence[int] = (),
+        fused: FusedKernels | None = None,
     ) -> None:
         """``graph_sizes``: batch sizes whose decode steps run as captured CUDA graphs
-        (:mod:`engine.decode_graphs`; captured here, before any request); empty: eager."""
+        (:mod:`engine.decode_graphs`; captured here, before any request); empty: eager.
+        ``fused``: the decoder's small ops in native CPU kernels (:mod:`engine.kernels.
+        cpu_fused`; CPU only: they write K/V into the caches themselves)."""
         cfg = model.config
+        if fused is not None and device != "cpu":
+            raise ValueError(f"fused CPU kernels on device {device}")
+        self.fused = fused
         self.model = model
         self.backend = backend
         self.block_size = block_size
@@ -165,7 +172,8 @@ class ModelRunner:
             if decode is not None:
                 return self.graphs.run(decode)
         input_ids, positions, meta, rows = self.build(batch)
-        hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend)
+        hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend,
+                            self.fused)  # fmt: skip
         return self.model.compute_logits(hidden.index_select(0, rows))
 
     def _logits_of_all_rows(
