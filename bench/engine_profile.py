@@ -174,6 +174,7 @@ def main() -> None:
                           fused_ops=not args.no_fused)  # fmt: skip
     result = {"cpu": cpu_description(), "dtype": args.dtype, "requests": len(work.prompts),
               "fused_ops": config.fused_ops, "load_average": list(os.getloadavg()),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
               "profile": profile(load_model(config), config, work)}  # fmt: skip
     print(json.dumps(result, indent=2))
 

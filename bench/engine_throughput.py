@@ -31,6 +31,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -365,6 +366,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "requests": len(work.prompts),
         "prompt_tokens": sum(len(p) for p in work.prompts),
+        "load_average_at_start": list(os.getloadavg()),
     }
     if args.http:
         names = [n.strip() for n in args.http.split(",") if n.strip()]
@@ -375,6 +377,7 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
     with cpu_lock(args.cpu_lock):
         in_process(args, loaded, config, work, result)
+    result["load_average_at_end"] = list(os.getloadavg())
     result["table"] = rows(result)
     text = json.dumps(result, indent=2)
     if args.out:
