@@ -112,14 +112,14 @@ def instrumented(engine: LLMEngine, timer: PhaseTimer) -> Iterator[None]:
     functions = [(llama_module, "rotate", "rope"), (llama_module, "add_rmsnorm", "norms"),
                  (llama_module, "rope_write_kv", "rope"), (llama_module, "silu_mul", "mlp_act"),
                  (llm_engine_module, "sample_batch", "sampling")]  # fmt: skip
-    originals = [getattr(module, name) for module, name, _ in functions]
-    for module, name, phase in functions:  # the model and the engine call these by name
-        setattr(module, name, timer.wrap(phase, getattr(module, name)))
+    originals = [getattr(owner, name) for owner, name, _ in functions]
+    for owner, name, phase in functions:  # the model and the engine call these by name
+        setattr(owner, name, timer.wrap(phase, getattr(owner, name)))
     try:
         yield
     finally:
-        for (module, name, _), original in zip(functions, originals, strict=True):
-            setattr(module, name, original)
+        for (owner, name, _), original in zip(functions, originals, strict=True):
+            setattr(owner, name, original)
         for obj, name in patched:
             delattr(obj, name)  # the class attribute shows through again
 
