@@ -53,6 +53,8 @@ def cpu_lock(path: Path | None) -> Iterator[None]:
 
 
 def _spec(name: str, dtype: str, log_dir: Path, cpus: str) -> ServerSpec:
+    if name.startswith("kvtoll@"):  # another checkout's worker, e.g. kvtoll@/work/main
+        return kvtoll_spec(dtype, log_dir, checkout=Path(name.removeprefix("kvtoll@")))
     if name == "kvtoll":
         return kvtoll_spec(dtype, log_dir)
     if name == "kvtoll-int8":
@@ -83,8 +85,9 @@ def run_http_peers(
     out: dict[str, Any] = {}
     texts: dict[str, list[str]] = {}
     for name in names:
-        if name not in HTTP_PEERS:
-            raise ValueError(f"unknown HTTP peer {name!r} (one of {', '.join(HTTP_PEERS)})")
+        if name not in HTTP_PEERS and not name.startswith("kvtoll@"):
+            raise ValueError(f"unknown HTTP peer {name!r} (one of {', '.join(HTTP_PEERS)}, "
+                             "or kvtoll@CHECKOUT)")  # fmt: skip
         why = vllm_available() if name == "vllm" else None
         if why:
             out[name] = {"skipped": why}

@@ -6,8 +6,8 @@ charged its *exclusive* time (a call's time minus the timed calls inside it):
 =============  ==========================================================
 linears        every linear layer (the packed projections and the LM head)
 attention      the attention backend's ``write_kv`` and ``forward``
-norms          every RMSNorm
-rope           the rotary tables and the rotation
+norms          every RMSNorm (fused: residual add + RMSNorm)
+rope           the rotary tables and the rotation (fused: with the K/V write)
 mlp_act        the rest of the MLP (SiLU(gate) * up)
 layer_glue     the rest of the decoder layers (residual adds, views, reshapes)
 embed          the token embedding
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -88,8 +89,8 @@ def _module_phase(module: nn.Module) -> str | None:
 
 @contextmanager
 def instrumented(engine: LLMEngine, timer: PhaseTimer) -> Iterator[None]:
-    """Timers on ``engine``'s phases for the body (instance attributes, and the two
-    module functions the model and the engine call by name), removed after."""
+    """Timers on ``engine``'s phases for the body (instance attributes, and the module
+    functions the model and the engine call by name), removed after."""
     patched: list[tuple[object, str]] = []
 
     def put(obj: object, name: str, phase: str) -> None:
@@ -108,14 +109,17 @@ def instrumented(engine: LLMEngine, timer: PhaseTimer) -> Iterator[None]:
     put(engine.scheduler, "schedule", "scheduling")
     put(engine.scheduler, "update_from_output", "scheduling")
     put(engine, "step", "python_other")
-    rotate, sample_batch = llama_module.rotate, llm_engine_module.sample_batch
-    llama_module.rotate = timer.wrap("rope", rotate)
-    llm_engine_module.sample_batch = timer.wrap("sampling", sample_batch)
+    functions = [(llama_module, "rotate", "rope"), (llama_module, "add_rmsnorm", "norms"),
+                 (llama_module, "rope_write_kv", "rope"), (llama_module, "silu_mul", "mlp_act"),
+                 (llm_engine_module, "sample_batch", "sampling")]  # fmt: skip
+    originals = [getattr(owner, name) for owner, name, _ in functions]
+    for owner, name, phase in functions:  # the model and the engine call these by name
+        setattr(owner, name, timer.wrap(phase, getattr(owner, name)))
     try:
         yield
     finally:
-        llama_module.rotate = rotate
-        llm_engine_module.sample_batch = sample_batch
+        for (owner, name, _), original in zip(functions, originals, strict=True):
+            setattr(owner, name, original)
         for obj, name in patched:
             delattr(obj, name)  # the class attribute shows through again
 
@@ -159,14 +163,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts and outputs")
+    ap.add_argument("--no-fused", action="store_true", help="eager small ops (the 'before')")
     args = ap.parse_args()
     if args.quick:
         work = make_workload(16, (32, 256), (16, 64), seed=0)
     else:
         work = make_workload(64, (32, 512), (32, 256), seed=0)
     config = EngineConfig(dtype=args.dtype, kv_cache_bytes=2 << 30, max_num_seqs=64,
-                          max_num_batched_tokens=512, max_model_len=2048)  # fmt: skip
+                          max_num_batched_tokens=512, max_model_len=2048,
+                          fused_ops=not args.no_fused)  # fmt: skip
     result = {"cpu": cpu_description(), "dtype": args.dtype, "requests": len(work.prompts),
+              "fused_ops": config.fused_ops, "load_average": list(os.getloadavg()),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
               "profile": profile(load_model(config), config, work)}  # fmt: skip
     print(json.dumps(result, indent=2))
 

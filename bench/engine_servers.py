@@ -69,21 +69,26 @@ def kvtoll_spec(
     linear_quant: str = "none",
     model: str | None = None,
     max_model_len: int = MAX_MODEL_LEN,
+    checkout: Path | None = None,
 ) -> ServerSpec:
     """``kvtoll worker`` (on the bundled model unless ``model``); ``linear_quant="int8"``:
-    its labelled quantized path."""
+    its labelled quantized path; ``checkout``: another checkout's worker, from its own
+    ``.venv`` (e.g. the main branch, for a before/after in one run)."""
     port = free_port()
+    root = checkout or ROOT
+    bin_dir = root / ".venv" / "bin" if checkout else Path(sys.executable).parent
     cmd = [
-        str(Path(sys.executable).parent / "kvtoll"), "worker", "--port", str(port),
+        str(bin_dir / "kvtoll"), "worker", "--port", str(port),
         "--dtype", dtype, "--max-model-len", str(max_model_len),
         "--kv-cache-mb", str(KV_CACHE_GIB * 1024), "--max-num-seqs", "64",
         "--max-batched-tokens", "512", "--served-model-name", MODEL_NAME,
         "--worker-token", WORKER_TOKEN, "--linear-quant", linear_quant,
     ] + (["--model", model] if model else [])  # fmt: skip
     env = _base_env()
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(root)
     endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", MODEL_NAME, WORKER_TOKEN)
     name = "kvtoll" if linear_quant == "none" else f"kvtoll-{linear_quant}"
+    name += f"@{root.name}" if checkout else ""
     return ServerSpec(name, cmd, env, endpoint, log_dir / f"{name}-worker.log")
 
 

@@ -38,8 +38,11 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     fraction of the linear bound and ratio to vLLM-CPU (None without them)."""
     bound = (result.get("linear_bound") or {}).get("output_tokens_per_s_bound")
     vllm = _get(result, ("http", "vllm"))
+    others = [n for n in result.get("http") or {} if n.startswith("kvtoll@")]  # other checkouts
+    other_checkouts = tuple((f"kvtoll {n.removeprefix('kvtoll')} (HTTP worker)", ("http", n))
+                            for n in others)  # fmt: skip
     out = []
-    for label, path in ROWS:
+    for label, path in ROWS + other_checkouts:
         fig = _get(result, path)
         if fig is None:
             continue

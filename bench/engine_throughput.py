@@ -31,6 +31,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -312,7 +313,8 @@ def main() -> None:
         "--http", default="", metavar="PEERS",
         help="also measure these servers through the OpenAI HTTP API, one after the other: "
         "comma-separated, of kvtoll (its worker), kvtoll-int8 (the same with --linear-quant "
-        "int8, labelled quantized) and vllm (bench/install_peers.sh vllm)",
+        "int8, labelled quantized), kvtoll@CHECKOUT (another checkout's worker, from its .venv) "
+        "and vllm (bench/install_peers.sh vllm)",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument(
@@ -378,6 +380,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "requests": len(work.prompts),
         "prompt_tokens": sum(len(p) for p in work.prompts),
+        "load_average_at_start": list(os.getloadavg()),
     }
     if args.http:
         names = [n.strip() for n in args.http.split(",") if n.strip()]
@@ -388,6 +391,7 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
     with cpu_lock(args.cpu_lock):
         in_process(args, loaded, config, work, result)
+    result["load_average_at_end"] = list(os.getloadavg())
     result["table"] = rows(result)
     text = json.dumps(result, indent=2)
     if args.out:

@@ -69,6 +69,7 @@ class EngineConfig:
     cuda_graphs: bool = False
     kv_tier: TierConfig | None = None  # tier 2 (engine.kv.tier); None: off
     linear_quant: str = "none"  # "none" | "int8" (CPU; engine.model.int8_linear; not bf16-exact)
+    fused_ops: bool = True  # CPU: the decoder's small ops fused where they build (cpu_fused)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", check_device(self.device))

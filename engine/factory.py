@@ -28,6 +28,7 @@ from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, TINY_MODEL, EngineConfig
 from engine.decode_graphs import graph_batch_sizes
 from engine.gpu_memory import GpuMemory, kv_cache_budget, measure, reset_peak
 from engine.host_memory import keep_tensor_memory
+from engine.kernels.cpu_fused import fused_kernels_here
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
@@ -217,6 +218,7 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     )
     with start_phase("kernel build and probes"):
         backend = make_backend(config.attention_backend, config.device)
+        fused = fused_kernels_here() if config.device == "cpu" and config.fused_ops else None
     graph_sizes: tuple[int, ...] = ()
     if config.cuda_graphs:
         if backend.name != "triton":
@@ -238,6 +240,7 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
             _DTYPES[config.dtype],
             config.device,
             graph_sizes,
+            fused,
         )
     if config.device != "cpu" and not sized_from_gpu_memory(config):
         with start_phase("warm-up"):  # compile the kernels now, not in a request
@@ -259,12 +262,13 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
         n_blocks,
     )
     log.info(
-        "engine ready: %s on %s (%s, %s attention%s), %d KV blocks of %d tokens, "
+        "engine ready: %s on %s (%s, %s attention%s%s), %d KV blocks of %d tokens, "
         "max_model_len %d",
         lm.name,
         config.device,
         config.dtype,
         backend.name,
+        ", fused small ops" if fused is not None else "",
         f", decode CUDA graphs for batch sizes up to {graph_sizes[-1]}" if graph_sizes else "",
         n_blocks,
         config.block_size,

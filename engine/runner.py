@@ -16,6 +16,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.decode_graphs import DecodeBatch, DecodeGraphs
+from engine.kernels.cpu_fused import FusedKernels
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.rope import RotaryEmbedding
 
@@ -49,10 +50,16 @@ class ModelRunner:
         dtype: torch.dtype,
         device: str,
         graph_sizes: Sequence[int] = (),
+        fused: FusedKernels | None = None,
     ) -> None:
         """``graph_sizes``: batch sizes whose decode steps run as captured CUDA graphs
-        (:mod:`engine.decode_graphs`; captured here, before any request); empty: eager."""
+        (:mod:`engine.decode_graphs`; captured here, before any request); empty: eager.
+        ``fused``: the decoder's small ops in native CPU kernels (:mod:`engine.kernels.
+        cpu_fused`; CPU only: they write K/V into the caches themselves)."""
         cfg = model.config
+        if fused is not None and device != "cpu":
+            raise ValueError(f"fused CPU kernels on device {device}")
+        self.fused = fused
         self.model = model
         self.backend = backend
         self.block_size = block_size
@@ -177,7 +184,8 @@ class ModelRunner:
             if decode is not None:
                 return self.graphs.run(decode)
         input_ids, positions, meta, rows = self.build(batch)
-        hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend)
+        hidden = self.model(input_ids, positions, self.rope, self.kv_caches, meta, self.backend,
+                            self.fused)  # fmt: skip
         return self.model.compute_logits(hidden.index_select(0, rows))
 
     def _logits_of_all_rows(
@@ -233,7 +241,8 @@ class StagedForward:
     """One step's forward, run a few layers per :meth:`advance`, so the engine can run
     other (short) steps between two layers of a long one (:mod:`engine.tenant_fair`).
 
-    Between calls it holds the step's hidden states; every layer already run has
+    Between calls it holds the step's :class:`~engine.model.llama.LayerState` (eager or
+    fused kernels alike); every layer already run has
     written this step's K/V into its blocks, which no other step writes (the
     scheduler allocated them to this step's sequences). The attention backends key
     their per-step plans on the metadata object, so a step in between only costs
@@ -254,7 +263,8 @@ class StagedForward:
         self.num_layers = runner.model.num_layers
         self.next_layer = 0
         with torch.inference_mode(), runner._on_device():
-            self._h, self._tables = runner.model.embed(input_ids, positions, runner.rope)
+            self._state = runner.model.begin(input_ids, positions, runner.rope, meta,
+                                             runner.fused)  # fmt: skip
 
     @property
     def done(self) -> bool:
@@ -267,8 +277,8 @@ class StagedForward:
         stop = min(self.num_layers, self.next_layer + num_layers)
         r = self._runner
         with torch.inference_mode(), r._on_device():
-            self._h = r.model.run_layers(self._h, self._tables, r.kv_caches, self._meta,
-                                         r.backend, self.next_layer, stop)  # fmt: skip
+            r.model.run_layers(self._state, r.kv_caches, self._meta, r.backend,
+                               self.next_layer, stop)  # fmt: skip
         self.next_layer = stop
         return not self.done
 
@@ -278,4 +288,5 @@ class StagedForward:
             raise RuntimeError(f"logits before layer {self.next_layer} of {self.num_layers} ran")
         r = self._runner
         with torch.inference_mode(), r._on_device():
-            return r.model.compute_logits(r.model.final_norm(self._h).index_select(0, self._rows))
+            hidden = r.model.finish(self._state)
+            return r.model.compute_logits(hidden.index_select(0, self._rows))

@@ -1,6 +1,7 @@
-"""Build and load the native CPU attention kernels (``native/cpu_attention.cpp``).
+"""Build and load the native CPU kernels: attention (``native/cpu_attention.cpp``) and
+the decoder's fused small ops (``native/cpu_fused.cpp``, :mod:`engine.kernels.cpu_fused`).
 
-The source is compiled on first use with the machine's C++ compiler for the machine
+A source is compiled on first use with the machine's C++ compiler for the machine
 itself (``-O3 -march=native``) into a shared library in a cache directory (default
 ``$XDG_CACHE_HOME/kvtoll/kernels``, else ``~/.cache/kvtoll/kernels``), named by a hash
 of the source, the flags, the compiler's version and the CPU's feature flags, so a
@@ -31,8 +32,11 @@ from typing import Any
 from engine.dtype_choice import cpu_flags
 
 SOURCE = Path(__file__).with_name("native") / "cpu_attention.cpp"
+FUSED_SOURCE = SOURCE.with_name("cpu_fused.cpp")
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
              "-Wno-maybe-uninitialized")  # fmt: skip
+# The fused ops round where eager torch rounds: no a*b+c contracted into one FMA.
+FUSED_FLAGS = ("-ffp-contract=off",)
 REQUIRED_CPU_FLAGS = frozenset({"avx512f"})
 log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128)  # the head sizes the library is built for
@@ -77,37 +81,38 @@ class NativeLibrary:
     extend_bf16: Callable[..., int]
 
 
-def _key(cxx: str) -> str:
+def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CXX_FLAGS).encode(), version.stdout.encode(),
+    for part in (source.read_bytes(), " ".join(flags).encode(), version.stdout.encode(),
                  " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
 
 
-def build(cache_dir: Path) -> Path:
-    """The library for this source, compiler and CPU in ``cache_dir``, compiled if absent;
-    RuntimeError (with the compiler's message) if it cannot be built."""
+def build(cache_dir: Path, source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> Path:
+    """The library of ``source`` for this compiler and CPU in ``cache_dir``, compiled if
+    absent; RuntimeError (with the compiler's message) if it cannot be built."""
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
     cxx = compiler()
     assert cxx is not None
-    target = cache_dir / f"cpu_attention-{_key(cxx)}.so"
+    flags = (*CXX_FLAGS, *extra_flags)
+    target = cache_dir / f"{source.stem}-{_key(cxx, source, flags)}.so"
     if target.exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    log.info("compiling the native CPU attention kernels into %s (first use on this machine)",
-             target)  # fmt: skip
+    log.info("compiling the native CPU kernels %s into %s (first use on this machine)",
+             source.name, target)  # fmt: skip
     fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".so.tmp")
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+        proc = subprocess.run([cxx, *flags, "-o", tmp, str(source)], capture_output=True,
                               text=True, check=False)  # fmt: skip
         if proc.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed: {proc.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"building {source.name} failed: {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -12,14 +12,31 @@ layers of SmolLM2-135M ran 12.3 vs 14.3 ms at 1 row and 52 vs 58 ms at 512 rows
 turns a checkpoint's separate weights into the stacked ones, and
 :meth:`LlamaForCausalLM.checkpoint_state_dict` gives them back under their
 checkpoint names.
+
+On CPU, where the native kernels build (AVX-512), the runner passes them to
+:meth:`LlamaForCausalLM.forward` (``fused``), which then runs the same computation with
+the small ops fused (:mod:`engine.kernels.cpu_fused`): per layer 4 matmuls, attention
+and 4 fused calls (RoPE + K/V write, residual add + RMSNorm twice, SiLU * up) instead
+of ~30 torch ops, with the eager ops' results bit for bit.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.kernels.cpu_fused import (
+    FusedKernels,
+    RopeRows,
+    add_rmsnorm,
+    plan_rope,
+    rope_write_kv,
+    silu_mul,
+)
 from engine.model.config import LlamaConfig
 from engine.model.rope import RotaryEmbedding, rotate
 
@@ -31,6 +48,20 @@ STACKED: dict[str, tuple[str, ...]] = {
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, head_dim]
+
+
+@dataclass
+class LayerState:
+    """One step's forward between two of its layers (:meth:`LlamaForCausalLM.begin`,
+    ``run_layers``, ``finish``): the residual stream ``h``; for eager ops the RoPE
+    tables; for the fused kernels the kernels and their row plan, and ``x``, the next
+    layer's normed input (after the last layer: the final-norm hidden states)."""
+
+    h: torch.Tensor
+    tables: RopeTables | None
+    rope: RotaryEmbedding
+    fused: tuple[FusedKernels, RopeRows] | None
+    x: torch.Tensor | None
 
 
 class RMSNorm(nn.Module):
@@ -136,44 +167,96 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        fused: FusedKernels | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden] of the flattened tokens."""
-        h, tables = self.embed(input_ids, positions, rope)
-        h = self.run_layers(h, tables, kv_caches, meta, backend, 0, self.num_layers)
-        return self.model.norm(h)
+        """Final-norm hidden states [T, hidden] of the flattened tokens; ``fused``: the
+        CPU's fused small ops (:mod:`engine.kernels.cpu_fused`), None for eager ops."""
+        state = self.begin(input_ids, positions, rope, meta, fused)
+        self.run_layers(state, kv_caches, meta, backend, 0, self.num_layers)
+        return self.finish(state)
 
     @property
     def num_layers(self) -> int:
         return len(self.model.layers)
 
-    def embed(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding
-    ) -> tuple[torch.Tensor, RopeTables]:
-        """The token embeddings and the step's RoPE tables (once per step, not per layer):
-        what :meth:`run_layers` starts from."""
-        return self.model.embed_tokens(input_ids), rope.tables(positions)
+    def begin(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        meta: AttentionMetadata,
+        fused: FusedKernels | None = None,
+    ) -> LayerState:
+        """The token embeddings and what every layer of the step reads (RoPE tables, or
+        the fused kernels' row plan, once per step): what :meth:`run_layers` starts from."""
+        h = self.model.embed_tokens(input_ids)
+        if fused is None:
+            return LayerState(h, rope.tables(positions), rope, None, None)
+        x = torch.empty_like(h)
+        first = cast("LlamaDecoderLayer", self.model.layers[0]).input_layernorm
+        add_rmsnorm(fused, None, h, first.weight, first.eps, x)
+        return LayerState(h, None, rope, (fused, plan_rope(positions, meta.slot_mapping)), x)
 
     def run_layers(
         self,
-        h: torch.Tensor,
-        tables: RopeTables,
+        state: LayerState,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
         backend: AttentionBackend,
         start: int,
         stop: int,
-    ) -> torch.Tensor:
-        """Hidden states after layers ``start`` .. ``stop - 1`` (each writes its K/V).
-        A step may run its layers in several calls, with other steps between them
-        (:class:`engine.runner.StagedForward`): a layer reads only its own cache and
-        the metadata passed in."""
-        layers = self.model.layers
-        for i in range(start, stop):
-            h = layers[i](h, tables, kv_caches[i], meta, backend)
-        return h
+    ) -> None:
+        """Advance ``state`` through layers ``start`` .. ``stop - 1`` (each writes its
+        K/V). A step may run its layers in several calls, with other steps between them
+        (:class:`engine.runner.StagedForward`): a layer reads only its own cache, the
+        metadata passed in and ``state``."""
+        layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
+        if state.fused is None:
+            assert state.tables is not None
+            for i in range(start, stop):
+                state.h = layers[i](state.h, state.tables, kv_caches[i], meta, backend)
+            return
+        self._fused_layers(state, layers, kv_caches, meta, backend, start, stop)
 
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.norm(h)
+    def _fused_layers(
+        self,
+        state: LayerState,
+        layers: list[LlamaDecoderLayer],
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        start: int,
+        stop: int,
+    ) -> None:
+        """:meth:`run_layers` with the fused kernels. The residual stream ``state.h`` is
+        updated in place; ``state.x`` holds each norm's output (the next matmul's input).
+        A layer's closing residual add runs with the next layer's input norm (the last
+        with the final norm), so between two layers ``x`` is already the next one's
+        input. K/V go straight into the caches (the layout of
+        :mod:`engine.attention.base`), so ``backend.write_kv`` is not called."""
+        assert state.fused is not None and state.x is not None
+        kernels, rows = state.fused
+        h, x, rope = state.h, state.x, state.rope
+        t = h.shape[0]
+        for i in range(start, stop):
+            layer, cache = layers[i], kv_caches[i]
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = attn.qkv_proj(x)
+            rope_write_kv(kernels, qkv, attn.num_heads, rows, rope.cos, rope.sin, *cache)
+            q = qkv[:, : attn.num_heads * attn.head_dim].view(t, attn.num_heads, attn.head_dim)
+            o = backend.forward(q, cache[0], cache[1], meta, attn.scale)
+            post = layer.post_attention_layernorm
+            add_rmsnorm(kernels, attn.o_proj(o.reshape(t, -1)), h, post.weight, post.eps, x)
+            act = silu_mul(kernels, mlp.gate_up_proj(x))
+            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            add_rmsnorm(kernels, mlp.down_proj(act), h, norm.weight, norm.eps, x)
+
+    def finish(self, state: LayerState) -> torch.Tensor:
+        """The final-norm hidden states once every layer has run (the fused path's last
+        layer already wrote them into ``x``)."""
+        if state.x is not None:
+            return state.x
+        return cast("torch.Tensor", self.model.norm(state.h))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the selected hidden rows."""

@@ -11,6 +11,7 @@ the gateway. Caller mistakes print one ``error:`` line and exit 2
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,15 +24,35 @@ from kvtoll.settings import SettingsError
 
 @dataclass(frozen=True)
 class LazyCommand:
-    """A top-level command: the module whose ``register(app)`` adds it, and its help."""
+    """A top-level command: the module whose ``register(app)`` adds it, its help, and
+    environment defaults set (where unset) before that module is imported."""
 
     module: str
     help: str
+    environ: tuple[tuple[str, str], ...] = ()
+
+
+# For the commands that run a CPU engine. A step alternates between two OpenMP runtimes:
+# torch's libgomp (matmuls, torch ops) and the system's, which numba's parallel layer
+# loads (the attention kernels' launchers). An idle libgomp worker spins (pause loops)
+# for up to ~300,000 iterations before it sleeps, so while one runtime works, the other's
+# idle workers spin on the same cores; on 2 cores a parallel region then waits for a
+# thread that has half a core, and other processes' threads make it worse. PASSIVE:
+# idle workers sleep at once (a futex wake per parallel region instead). On the 2-core
+# Xeon (AMX) with other jobs running, a 64-row SmolLM2 decode step (bfloat16, 300 cached
+# tokens each, best of 20) took 548 ms spinning and 114 ms passive, and passive runs were
+# steady (25th percentile within 2% of the best). libgomp reads the variable once, when
+# it is loaded (torch's on ``import torch``), hence here, before the command's import.
+ENGINE_PROCESS_ENV = (("OMP_WAIT_POLICY", "PASSIVE"),)
 
 
 COMMANDS: dict[str, LazyCommand] = {
-    "serve": LazyCommand("proxy.cli.serve", "Run the gateway (without --worker, with an engine)."),
-    "worker": LazyCommand("engine.cli", "Run an engine worker: the OpenAI API over one engine."),
+    "serve": LazyCommand(
+        "proxy.cli.serve", "Run the gateway (without --worker, with an engine).", ENGINE_PROCESS_ENV
+    ),
+    "worker": LazyCommand(
+        "engine.cli", "Run an engine worker: the OpenAI API over one engine.", ENGINE_PROCESS_ENV
+    ),
     "db": LazyCommand("billing.cli", "Database schema migrations."),
     "tenant": LazyCommand("billing.cli", "Create and list tenants; set their policy."),
     "key": LazyCommand("billing.cli", "Create, list and revoke API keys."),
@@ -69,6 +90,9 @@ def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     wanted = None if argv is None else _requested(argv)
+    if wanted in COMMANDS:
+        for variable, value in COMMANDS[wanted].environ:
+            os.environ.setdefault(variable, value)
     modules = {entry.module for name, entry in COMMANDS.items() if argv is None or name == wanted}
     for module in dict.fromkeys(entry.module for entry in COMMANDS.values()):
         if module in modules:

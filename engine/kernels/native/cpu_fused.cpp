@@ -1,0 +1,291 @@
+// The Llama decoder's small per-layer ops, fused, for x86-64 CPUs with AVX-512: each is
+// one pass over its rows instead of the 3-9 torch ops (and their temporaries) eager
+// mode runs. Built and loaded by engine/kernels/native_build.py with -ffp-contract=off,
+// called through ctypes from engine/kernels/cpu_fused.py, single-threaded over a range
+// of rows (the caller splits big batches). Every kernel rounds where eager torch (and
+// Hugging Face transformers) round, so a bfloat16 model computes the same values:
+//
+//   add_rmsnorm   res = bf(res + x);  out = bf(w * bf(res * 1/sqrt(sum(res^2)/N + eps)))
+//   rope_kv       q, k = bf(bf(q * cos) + bf(rotate_half(q) * sin)); k, v -> cache slots
+//   silu_mul      out = bf(bf(g / (1 + exp(-g))) * u)
+//
+// where bf() is the round to nearest even of c10::BFloat16 (identity for float32), and
+// each product or sum is one float32 operation (no FMA contraction). The two places
+// where the order or the algorithm is torch's own are copied from it: RMSNorm's sum of
+// squares follows the order of torch's float sum (sum_squares) and exp() is
+// SLEEF's expf_u10, torch's Vectorized<float>::exp (exp16). So on a CPU where torch
+// runs its AVX-512 kernels (the CPUs these kernels build for) the results are those of
+// the eager ops bit for bit, in float32 and bfloat16 (tests/engine/kernels/
+// test_cpu_fused.py); SiLU is, where the eager op would split a row between threads
+// only at multiples of 64 elements (SmolLM2's 1,536 and the tiny model's 128 are).
+//
+// Layout: rows of `width` elements with a row stride in elements; bfloat16 as uint16 bits.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+namespace {
+
+// ---- bfloat16 <-> float32, 16 lanes (c10::BFloat16's round to nearest even) ----
+inline __m512 widen(const uint16_t* p, __mmask16 m) {
+    __m256i raw = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 widen(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+inline __m512 round_bf16(__m512 x) {  // float32 -> nearest bfloat16, as a float32
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    r = _mm512_and_si512(r, _mm512_set1_epi32(int(0xFFFF0000u)));
+    __mmask16 ordered = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);
+    return _mm512_mask_blend_ps(ordered, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)),
+                                _mm512_castsi512_ps(r));
+}
+inline __m512 round_to(const uint16_t*, __m512 x) { return round_bf16(x); }
+inline __m512 round_to(const float*, __m512 x) { return x; }
+
+inline void store(uint16_t* p, __m512 x, __mmask16 m) {  // x already rounded
+    __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16));
+    _mm256_mask_storeu_epi16(p, m, bits);
+}
+inline void store(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
+
+inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
+// e^x exactly as torch computes it on AVX-512 (Vectorized<float>::exp is SLEEF's
+// expf u10, sleefsimdsp.c xexpf): Cody-Waite reduction by ln 2, a degree-6 polynomial in
+// FMAs, the scaling in two exact halves; 0 below -104, +inf above 100.
+inline __m512 exp16(__m512 d) {
+    const __m512i q = _mm512_cvt_roundps_epi32(
+        _mm512_mul_ps(d, _mm512_set1_ps(1.442695040888963407359924681001892137426645954152985934135449406931f)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 qf = _mm512_cvtepi32_ps(q);
+    __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0.693145751953125f), d);
+    s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-1.428606765330187045e-06f), s);
+    __m512 u = _mm512_set1_ps(0.000198527617612853646278381f);
+    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00139304355252534151077271f));
+    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00833336077630519866943359f));
+    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.0416664853692054748535156f));
+    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.166666671633720397949219f));
+    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.5f));
+    u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
+    const __m512i half = _mm512_srai_epi32(q, 1);  // u * 2^(q/2) * 2^(q - q/2)
+    auto pow2 = [](__m512i e) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(0x7f)), 23));
+    };
+    u = _mm512_mul_ps(_mm512_mul_ps(u, pow2(half)), pow2(_mm512_sub_epi32(q, half)));
+    u = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_NLT_US), u);
+    return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), d, _CMP_LT_OQ),
+                              _mm512_set1_ps(INFINITY));
+}
+
+// The float32 sum of squares of a row of n (>= 8) elements in the order of torch's float
+// sum over a contiguous row (aten/src/ATen/native/cpu/SumKernel.cpp: vectorized_inner_sum
+// -> row_sum -> multi_row_sum), whose sum runs its AVX2 code on AVX-512 CPUs too:
+// vectors of 8 in 4 interleaved accumulators with cascade levels, those 4 added, then
+// the scalar tail, then the 8 lanes one by one.
+inline __m256 squares8(const float* p) { __m256 v = _mm256_loadu_ps(p); return _mm256_mul_ps(v, v); }
+inline __m256 squares8(const uint16_t* p) {
+    __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    return _mm256_mul_ps(v, v);
+}
+inline float widen1(const float* p) { return *p; }
+inline float widen1(const uint16_t* p) {
+    uint32_t bits = uint32_t(*p) << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+template <typename T>
+inline float sum_squares(const T* h, int n) {
+    constexpr int L = 8, levels = 4;
+    auto vec = [h](int64_t i) { return squares8(h + L * i); };
+    const int64_t vec_size = n / L, size = vec_size / 4;
+    int64_t ceil_log2 = 0;
+    while ((int64_t(1) << ceil_log2) < size) ceil_log2++;
+    const int64_t power = ceil_log2 / levels > 4 ? ceil_log2 / levels : 4;
+    const int64_t step = int64_t(1) << power, mask = step - 1;
+    __m256 acc[levels][4];
+    for (int j = 0; j < levels; j++)
+        for (int k = 0; k < 4; k++) acc[j][k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    while (i + step <= size) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], vec(4 * i + k));
+        for (int j = 1; j < levels; j++) {
+            for (int k = 0; k < 4; k++) {
+                acc[j][k] = _mm256_add_ps(acc[j][k], acc[j - 1][k]);
+                acc[j - 1][k] = _mm256_setzero_ps();
+            }
+            if ((i & (mask << (j * power))) != 0) break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], vec(4 * i + k));
+    for (int j = 1; j < levels; j++)
+        for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], acc[j][k]);
+    __m256 partial = acc[0][0];
+    for (int64_t v = size * 4; v < vec_size; v++) partial = _mm256_add_ps(partial, vec(v));
+    for (int k = 1; k < 4; k++) partial = _mm256_add_ps(partial, acc[0][k]);
+    float total = 0.0f;
+    for (int64_t k = vec_size * L; k < n; k++) {
+        const float x = widen1(h + k);
+        total += x * x;
+    }
+    alignas(32) float lane[L];
+    _mm256_store_ps(lane, partial);
+    for (int k = 0; k < L; k++) total += lane[k];
+    return total;
+}
+
+template <typename T>
+void add_rmsnorm(const T* x, int64_t x_stride, T* res, int64_t res_stride, const T* weight,
+                 T* out, int64_t out_stride, int rows, int width, float eps) {
+    for (int r = 0; r < rows; r++) {
+        T* h = res + r * res_stride;
+        if (x != nullptr) {
+            for (int i = 0; i < width; i += 16) {
+                const __mmask16 m = lanes(width - i);
+                store(h + i, round_to(h, _mm512_add_ps(widen(h + i, m), widen(x + r * x_stride + i, m))), m);
+            }
+        }
+        const float var = sum_squares(h, width) / float(width);
+        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(var + eps));
+        T* o = out + r * out_stride;
+        for (int i = 0; i < width; i += 16) {
+            const __mmask16 m = lanes(width - i);
+            __m512 normed = round_to(h, _mm512_mul_ps(widen(h + i, m), inv));
+            store(o + i, round_to(h, _mm512_mul_ps(widen(weight + i, m), normed)), m);
+        }
+    }
+}
+
+// One head of d elements (d even) rotated by a position's cos/sin rows.
+template <typename T>
+inline void rotate_head(const T* src, const T* cos, const T* sin, int d, T* dst) {
+    const int half = d / 2;
+    for (int i = 0; i < half; i += 16) {
+        const __mmask16 m = lanes(half - i);
+        __m512 lo = widen(src + i, m), hi = widen(src + half + i, m);
+        __m512 c_lo = widen(cos + i, m), c_hi = widen(cos + half + i, m);
+        __m512 s_lo = widen(sin + i, m), s_hi = widen(sin + half + i, m);
+        // out[i] = q[i] cos[i] - q[i+half] sin[i];  out[i+half] = q[i+half] cos + q[i] sin
+        __m512 a = round_to(src, _mm512_mul_ps(lo, c_lo));
+        __m512 b = round_to(src, _mm512_mul_ps(hi, s_lo));
+        __m512 c = round_to(src, _mm512_mul_ps(hi, c_hi));
+        __m512 e = round_to(src, _mm512_mul_ps(lo, s_hi));
+        store(dst + i, round_to(src, _mm512_sub_ps(a, b)), m);
+        store(dst + half + i, round_to(src, _mm512_add_ps(c, e)), m);
+    }
+}
+
+template <typename T>
+inline void copy_head(const T* src, int d, T* dst) {
+    for (int i = 0; i < d; i += 16) {
+        const __mmask16 m = lanes(d - i);
+        store(dst + i, widen(src + i, m), m);
+    }
+}
+
+// Rows of qkv ([q heads | k heads | v heads] of head_dim each): q rotated in place,
+// k rotated into k_cache at the row's slot, v copied into v_cache there.
+template <typename T>
+void rope_kv(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_heads,
+             int head_dim, const int64_t* positions, const T* cos_table, const T* sin_table,
+             const int64_t* slots, T* k_cache, T* v_cache) {
+    const int64_t slot_elems = int64_t(num_kv_heads) * head_dim;
+    for (int r = 0; r < rows; r++) {
+        T* row = qkv + r * row_stride;
+        const T* cos = cos_table + positions[r] * head_dim;
+        const T* sin = sin_table + positions[r] * head_dim;
+        for (int h = 0; h < num_heads; h++)
+            rotate_head(row + h * head_dim, cos, sin, head_dim, row + h * head_dim);
+        T* k_dst = k_cache + slots[r] * slot_elems;
+        T* v_dst = v_cache + slots[r] * slot_elems;
+        const T* k_src = row + int64_t(num_heads) * head_dim;
+        for (int h = 0; h < num_kv_heads; h++)
+            rotate_head(k_src + h * head_dim, cos, sin, head_dim, k_dst + h * head_dim);
+        copy_head(k_src + slot_elems, int(slot_elems), v_dst);
+    }
+}
+
+// torch's SiLU runs its vector code over each contiguous run of elements in steps of two
+// vectors (32 float32 or 64 bfloat16 lanes) and its scalar code (std::exp) on the rest.
+inline int vector_part(const float*, int n) { return n - n % 32; }
+inline int vector_part(const uint16_t*, int n) { return n - n % 64; }
+
+template <typename T>
+void silu_mul(const T* gate_up, int64_t in_stride, T* out, int64_t out_stride, int rows,
+              int width) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const int vec_end = vector_part(gate_up, width);
+    for (int r = 0; r < rows; r++) {
+        const T* g = gate_up + r * in_stride;
+        const T* u = g + width;
+        T* o = out + r * out_stride;
+        for (int i = 0; i < width; i += 16) {
+            const __mmask16 m = lanes(width - i);
+            __m512 gv = widen(g + i, m);
+            __m512 e;
+            if (i < vec_end) {
+                e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            } else {  // the scalar tail: std::exp
+                alignas(64) float x[16];
+                _mm512_store_ps(x, gv);
+                for (int k = 0; k < 16; k++) x[k] = expf(-x[k]);
+                e = _mm512_load_ps(x);
+            }
+            __m512 act = round_to(g, _mm512_div_ps(gv, _mm512_add_ps(one, e)));
+            store(o + i, round_to(g, _mm512_mul_ps(act, widen(u + i, m))), m);
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x may be null (no residual add: the first layer's input norm).
+int kvt_add_rmsnorm_f32(const float* x, int64_t xs, float* res, int64_t rs, const float* w,
+                        float* out, int64_t os, int rows, int width, float eps) {
+    if (width < 8) return 1;
+    add_rmsnorm(x, xs, res, rs, w, out, os, rows, width, eps);
+    return 0;
+}
+int kvt_add_rmsnorm_bf16(const uint16_t* x, int64_t xs, uint16_t* res, int64_t rs,
+                         const uint16_t* w, uint16_t* out, int64_t os, int rows, int width,
+                         float eps) {
+    if (width < 8) return 1;
+    add_rmsnorm(x, xs, res, rs, w, out, os, rows, width, eps);
+    return 0;
+}
+int kvt_rope_kv_f32(float* qkv, int64_t stride, int rows, int heads, int kv_heads, int d,
+                    const int64_t* pos, const float* cos, const float* sin,
+                    const int64_t* slots, float* k_cache, float* v_cache) {
+    if (d % 2 != 0) return 1;
+    rope_kv(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
+    return 0;
+}
+int kvt_rope_kv_bf16(uint16_t* qkv, int64_t stride, int rows, int heads, int kv_heads, int d,
+                     const int64_t* pos, const uint16_t* cos, const uint16_t* sin,
+                     const int64_t* slots, uint16_t* k_cache, uint16_t* v_cache) {
+    if (d % 2 != 0) return 1;
+    rope_kv(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
+    return 0;
+}
+int kvt_silu_mul_f32(const float* gu, int64_t is, float* out, int64_t os, int rows, int width) {
+    silu_mul(gu, is, out, os, rows, width);
+    return 0;
+}
+int kvt_silu_mul_bf16(const uint16_t* gu, int64_t is, uint16_t* out, int64_t os, int rows,
+                      int width) {
+    silu_mul(gu, is, out, os, rows, width);
+    return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,133 @@
+"""The fused native small ops (residual add + RMSNorm, RoPE + K/V write, SiLU * up) vs
+the eager torch code they replace: equal bit for bit, float32 and bfloat16 (they sum
+and exponentiate in torch's own order and algorithm); and their refusals. Skipped
+where the native kernels cannot be built (no AVX-512 or no C++ compiler: the model then
+runs the eager ops)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kernels import native_build
+from engine.kernels.cpu_fused import (
+    PARALLEL_ROWS,
+    FusedKernels,
+    add_rmsnorm,
+    load_fused_kernels,
+    plan_rope,
+    rope_write_kv,
+    silu_mul,
+)
+from engine.model.config import LlamaConfig
+from engine.model.llama import RMSNorm
+from engine.model.rope import RotaryEmbedding, rotate
+
+WHY_NOT = native_build.unavailable_reason()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
+DTYPES = [torch.float32, torch.bfloat16]
+ROWS = [1, 7, PARALLEL_ROWS + 37]  # one, a few, and enough to split over two threads
+
+
+@pytest.fixture(scope="module")
+def fused() -> FusedKernels:
+    return load_fused_kernels(native_build.default_cache_dir())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("width", [64, 100, 576, 2048])  # tails, and cascade levels at 2048
+def test_add_rmsnorm_matches_eager_residual_add_and_norm(
+    fused: FusedKernels, dtype: torch.dtype, rows: int, width: int
+) -> None:
+    gen = torch.Generator().manual_seed(rows + width)
+    h = (torch.randn(rows, width, generator=gen) * 3).to(dtype)
+    x = torch.randn(rows, width, generator=gen).to(dtype)
+    norm = RMSNorm(width, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(width, generator=gen))
+        want_h = h + x
+        want = norm(want_h)
+        want_first = norm(h)
+    got_h, out = h.clone(), torch.full_like(h, float("nan"))
+    add_rmsnorm(fused, x, got_h, norm.weight.detach(), norm.eps, out)
+    assert torch.equal(got_h, want_h)  # the residual add is one rounding, as torch's
+    assert torch.equal(out, want)
+    first, out_first = h.clone(), torch.full_like(h, float("nan"))
+    add_rmsnorm(fused, None, first, norm.weight.detach(), norm.eps, out_first)
+    assert torch.equal(first, h)
+    assert torch.equal(out_first, want_first)
+
+
+def _rope(head_dim: int, dtype: torch.dtype) -> RotaryEmbedding:
+    cfg = LlamaConfig(vocab_size=8, hidden_size=9 * head_dim, intermediate_size=8,
+                      num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
+                      max_position_embeddings=512, rope_theta=100000.0)  # fmt: skip
+    return RotaryEmbedding(cfg, 512, dtype, "cpu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_rope_write_kv_is_bit_identical_to_eager_rotate_and_cache_write(
+    fused: FusedKernels, dtype: torch.dtype, rows: int, head_dim: int
+) -> None:
+    heads, kv_heads, block_size, num_blocks = 9, 3, 16, 16
+    gen = torch.Generator().manual_seed(rows * head_dim)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    rope = _rope(head_dim, dtype)
+    positions = torch.randint(0, 512, (rows,), generator=gen)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:rows]
+    caches = [torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
+              for _ in range(2)]  # fmt: skip
+    qk = rotate(qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim),
+                *rope.tables(positions))  # fmt: skip
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)
+    got = qkv.clone()
+    rope_write_kv(fused, got, heads, plan_rope(positions, slots), rope.cos, rope.sin, *caches)
+    assert torch.equal(got[:, : heads * head_dim].view(rows, heads, head_dim), qk[:, :heads])
+    assert torch.equal(got[:, heads * head_dim :], qkv[:, heads * head_dim :])  # k, v untouched
+    flat_k, flat_v = (c.view(-1, kv_heads, head_dim) for c in caches)
+    assert torch.equal(flat_k[slots], qk[:, heads:])
+    assert torch.equal(flat_v[slots], v)
+    others = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    others[slots] = False
+    assert not flat_k[others].any() and not flat_v[others].any()  # no other slot written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_mul_matches_eager_silu_times_up(
+    fused: FusedKernels, dtype: torch.dtype, rows: int
+) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 200, generator=gen) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, 1e-3])  # exp's ends, and near zero
+    gate, up = gate_up.split(200, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    assert torch.equal(silu_mul(fused, gate_up), want)  # 200: a scalar tail after 192
+
+
+def test_bad_arguments_are_refused(fused: FusedKernels) -> None:
+    x = torch.zeros(4, 64)
+    with pytest.raises(ValueError, match="dtype"):
+        add_rmsnorm(fused, None, x.half(), torch.ones(64).half(), 1e-5, x.half())
+    with pytest.raises(ValueError, match="contiguous"):
+        add_rmsnorm(fused, None, torch.zeros(64, 4).t(), torch.ones(64), 1e-5, x)
+    with pytest.raises(ValueError, match="weight"):
+        add_rmsnorm(fused, None, x, torch.ones(32), 1e-5, x.clone())
+    with pytest.raises(ValueError, match="gate_up"):
+        silu_mul(fused, torch.zeros(4, 7))
+    rope = _rope(16, torch.float32)
+    caches = [torch.zeros(2, 4, 3, 16) for _ in range(2)]
+    qkv = torch.zeros(2, 15 * 16)
+    with pytest.raises(ValueError, match="past"):  # position 600 is past the 512-row tables
+        rope_write_kv(fused, qkv, 9, plan_rope(torch.tensor([0, 600]), torch.tensor([0, 1])),
+                      rope.cos, rope.sin, *caches)  # fmt: skip
+    with pytest.raises(ValueError, match="past"):  # 2 blocks of 4 tokens: slots 0..7
+        rope_write_kv(fused, qkv, 9, plan_rope(torch.tensor([0, 1]), torch.tensor([0, 8])),
+                      rope.cos, rope.sin, *caches)  # fmt: skip
+    with pytest.raises(ValueError, match="negative"):
+        plan_rope(torch.tensor([0, -1]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="int64"):
+        plan_rope(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1]))
