@@ -25,8 +25,8 @@ from proxy.semantic.verifier import (
     load_weights,
 )
 
-VerifierChoice = Literal["cross-encoder", "logistic"]
-VERIFIER_CHOICES: tuple[VerifierChoice, ...] = ("cross-encoder", "logistic")
+VerifierChoice = Literal["pair-encoder", "cross-encoder", "logistic"]
+VERIFIER_CHOICES: tuple[VerifierChoice, ...] = ("pair-encoder", "cross-encoder", "logistic")
 
 
 def default_verifier() -> VerifierChoice:
@@ -40,6 +40,10 @@ def default_verifier() -> VerifierChoice:
 def build_verifier(choice: VerifierChoice = "cross-encoder") -> Verifier:
     """The shipped verifier named ``choice``: the cross-encoder (default, a second model
     re-scores the index's candidates) or the logistic one (features only, cheaper)."""
+    if choice == "pair-encoder":
+        from proxy.semantic.pair_verifier import load_pair_encoder_verifier
+
+        return load_pair_encoder_verifier()
     if choice == "cross-encoder":
         return load_cross_encoder_verifier()
     if choice == "logistic":

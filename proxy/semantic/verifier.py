@@ -200,6 +200,8 @@ class CrossEncoderVerifier:
     without running the model. The similarity does not enter the score.
     """
 
+    runs_model = True  # the service runs it on the embedder's worker pool
+
     def __init__(
         self,
         model: CrossEncoder,
