@@ -124,8 +124,16 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         print(f"note: {exc}; threshold from pairwise precision >= {args.pairwise_target}",
               file=sys.stderr)  # fmt: skip
-        threshold = choose_threshold(probs, labels, args.pairwise_target)
-        rule = f"pairwise precision >= {args.pairwise_target} on calib (per-query unreachable)"
+        rule = "pairwise precision >= {} on calib (per-query unreachable: own-pair rule)"
+        for target in (args.pairwise_target, 0.9):  # the fallback when even that is out of reach
+            try:
+                threshold = choose_threshold(probs, labels, target)
+                rule = rule.format(target)
+                break
+            except ValueError as again:
+                print(f"note: {again}", file=sys.stderr)
+        else:
+            raise RuntimeError("no usable threshold on calib")
     served = best_arr >= threshold
     meta: dict[str, Any] = {
         "checkpoint_step": int(ckpt.get("step", 0)),
@@ -170,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vectors-cache", type=Path, default=None)
     parser.add_argument("--hand-weight", type=float, default=5.0,
                         help="sample weight of each hand-written train case in the stack")
-    parser.add_argument("--per-kind", type=int, default=150,
+    parser.add_argument("--per-kind", type=int, default=0,
                         help="template near-misses of calib questions per kind (stack)")
     parser.add_argument("--seed", type=int, default=23)
     parser.add_argument("--threads", type=int, default=2)

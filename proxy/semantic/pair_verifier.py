@@ -83,7 +83,8 @@ class PairEncoderVerifier:
             part = self._model.embed(texts[start : start + 256])
             vectors = part if not start else np.concatenate([vectors, part])
         row = {t: i for i, t in enumerate(texts)}
-        return [self._stack.score(q, p, float(vectors[row[q]] @ vectors[row[p]]))
+        v = vectors.astype(np.float64)
+        return [self._stack.score(q, p, float(np.dot(v[row[p]], v[row[q]])))
                 for q, p, _ in triples]  # fmt: skip
 
 

@@ -19,11 +19,9 @@ TEXTS = [
 shipped = pytest.mark.skipif(not is_shipped(), reason="no pair-encoder weights in the package")
 
 
-def test_config_round_trips_and_scores_monotonically() -> None:
-    config = PairEncoderConfig({"hidden_size": 4}, 64, 12.0, 3.0, -10.0, 0.9, 0.6, {"x": 1})
+def test_config_round_trips() -> None:
+    config = PairEncoderConfig({"hidden_size": 4}, 64, 0.6, {"coef": [1.0]}, {"x": 1})
     assert PairEncoderConfig.from_json(config.to_json()) == config
-    scores = config.score(np.array([0.5, 0.8, 0.95]), np.array([0.7, 0.7, 0.7]))
-    assert np.all(np.diff(scores) > 0) and np.all((scores > 0) & (scores < 1))
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +62,11 @@ def test_scores_in_a_batch_equal_scores_alone(pair_verifier: PairEncoderVerifier
     candidates = [("How can I reset my password?", 0.9), (TEXTS[1], 0.2), (TEXTS[2], 0.4)]
     many = pair_verifier.score_many(query, candidates)
     one_by_one = [pair_verifier.score(query, p, s) for p, s in candidates]
-    assert many == one_by_one
+    # the vectors and cosines are bit-identical; the stack's matrix product over several
+    # rows may round its last bit differently from one row
+    np.testing.assert_allclose(many, one_by_one, rtol=0, atol=1e-12)
     triples = pair_verifier.score_triples([(query, p, s) for p, s in candidates])
-    np.testing.assert_allclose(triples, many, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(triples, many, rtol=0, atol=1e-12)
     assert many[0] > many[2] and many[0] > many[1]
 
 
@@ -75,7 +75,7 @@ def test_exact_repeats_score_one_and_operators_zero(pair_verifier: PairEncoderVe
     assert pair_verifier.score("Who wrote Hamlet?", "who wrote hamlet", 0.99) == 1.0
     assert pair_verifier.score("What is 10 - 4?", "What is 10 + 4?", 0.99) == 0.0
     config, _ = load_shipped()
-    assert 0.5 < config.threshold < 1.0 and 0.0 < config.min_similarity < 1.0
+    assert 0.5 < pair_verifier.default_threshold < 1.0 and 0.0 < config.min_similarity < 1.0
 
 
 @shipped
