@@ -5,16 +5,12 @@ alone, mean pooling, L2-normalised) so that the cosine of two questions ranks du
 above near-duplicates; ``bench/export_pair_encoder.py`` packs the weights into
 ``data/pair_encoder.npz`` (matrices int8 per row with float16 scales, as
 :func:`proxy.semantic.cross_encoder.pack_state`) beside ``data/pair_encoder.json`` (the
-BERT config and the calibration fitted on the calib split).
+BERT config, the stacked weights, the threshold and the similarity floor).
 
-A (query, cached prompt) pair is scored by :class:`proxy.semantic.verifier.LogisticVerifier`
-with this model's cosine in place of the index's: the guard features of
-:mod:`proxy.semantic.features` (negation, numbers, units, entities, swaps, ...) beside the
-tuned cosine, weights (``stack``) fitted by the exporter on the calib pairs plus the train
-half of the hand-written cases. A mean-pooled cosine barely sees word order, the guards
-do. At run time linear layers are int8 with per-row activation scales and each text runs padded to
-its own length bucket, so a text's vector (and a pair's score) is the same alone or in
-any batch. Vectors of cached prompts are memoised (``memo_size``, LRU): a lookup's
+:mod:`proxy.semantic.pair_verifier` scores a (query, cached prompt) pair with this
+model's cosine in place of the index's, guard features stacked on it. At run time linear
+layers are int8 with per-row activation scales and each text runs padded to its own
+length bucket, so a text's vector is the same alone or in any batch. Vectors of cached prompts are memoised (``memo_size``, LRU): a lookup's
 candidates are usually the tenant's popular prompts, so most lookups encode only the query.
 
 Torch is imported only inside the functions: importing this module loads nothing.
