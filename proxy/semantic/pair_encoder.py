@@ -10,8 +10,9 @@ BERT config, the stacked weights, the threshold and the similarity floor).
 :mod:`proxy.semantic.pair_verifier` scores a (query, cached prompt) pair with this
 model's cosine in place of the index's, guard features stacked on it. At run time linear
 layers are int8 with per-row activation scales and each text runs padded to its own
-length bucket, so a text's vector is the same alone or in any batch. Vectors of cached prompts are memoised (``memo_size``, LRU): a lookup's
-candidates are usually the tenant's popular prompts, so most lookups encode only the query.
+length bucket, so a text's vector is the same alone or in any batch. Vectors of cached
+prompts are memoised (``memo_size``, LRU): a lookup's candidates are usually the
+tenant's popular prompts, so most lookups encode only the query.
 
 Torch is imported only inside the functions: importing this module loads nothing.
 """
