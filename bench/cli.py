@@ -51,7 +51,7 @@ def semantic_command(
     ] = 0.25,
     seed: Annotated[int, typer.Option("--seed", help="--stream: shuffle and exploration seed")] = 0,
     verifier: Annotated[
-        str | None, typer.Option(help="cross-encoder (default where shipped) or logistic")
+        str | None, typer.Option(help="pair-encoder, cross-encoder or logistic")
     ] = None,
     plot: Annotated[
         Path | None,
@@ -70,7 +70,8 @@ def semantic_command(
     if not pairs.is_file():
         fail(f"--pairs: no such file: {pairs}")
     if stream:
-        _stream_command(pairs, limit, max_error_rate, explore_rate, repeat_rate, seed, plot)
+        _stream_command(pairs, limit, max_error_rate, explore_rate, repeat_rate, seed, plot,
+                        verifier, heldout_only)  # fmt: skip
         return
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         fail("--threshold must be between 0 and 1")
@@ -94,9 +95,11 @@ def semantic_command(
 
 
 def _stream_command(pairs: Path, limit: int | None, max_error_rate: float, explore_rate: float,
-                    repeat_rate: float, seed: int, plot: Path | None) -> None:  # fmt: skip
-    from bench.semantic.evaluate import read_pairs
+                    repeat_rate: float, seed: int, plot: Path | None, verifier: str | None,
+                    heldout_only: bool) -> None:  # fmt: skip
+    from bench.semantic.evaluate import qqp_split, read_pairs
     from bench.semantic.stream import StreamConfig, plot_stream, run_stream_bench_sync
+    from proxy.semantic.factory import VERIFIER_CHOICES
 
     if not 0.0 < max_error_rate < 1.0:
         fail(f"--max-error-rate must be in (0, 1), got {max_error_rate}")
@@ -106,11 +109,15 @@ def _stream_command(pairs: Path, limit: int | None, max_error_rate: float, explo
         fail("--limit must be positive and --seed >= 0")
     if plot is not None and not plot.parent.is_dir():
         fail(f"--plot: no such directory: {plot.parent}")
+    if verifier is not None and verifier not in VERIFIER_CHOICES:
+        fail(f"--verifier must be one of {', '.join(VERIFIER_CHOICES)}")
     try:
         rows = read_pairs(pairs)
     except (ValueError, UnicodeDecodeError) as exc:
         fail(str(exc))
-    config = StreamConfig(max_error_rate, explore_rate, repeat_rate, seed)
+    if heldout_only:  # the pairs no verifier was fitted or calibrated on
+        rows = [r for r in rows if qqp_split(r.text_a, r.text_b) == "heldout"]
+    config = StreamConfig(max_error_rate, explore_rate, repeat_rate, seed, verifier=verifier)
     report = run_stream_bench_sync(rows[:limit] if limit else rows, config)
     if plot is not None:
         plot_stream(report, plot)

@@ -71,7 +71,7 @@ def serve_gateway(
     from proxy.app import create_app
     from proxy.cli.serve import server_config
     from proxy.deps import get_key
-    from proxy.semantic.factory import build_semantic_cache
+    from proxy.semantic.factory import VERIFIER_CHOICES, build_semantic_cache
     from proxy.semantic.gateway import SemanticCacheAdapter
     from proxy.semantic.routes import build_cache_router
     from proxy.semantic.service import SemanticConfig
@@ -89,7 +89,7 @@ def serve_gateway(
         embed_threads_per_worker=embed_threads or None,
     )
     cache = build_semantic_cache(
-        None, config=config, verifier="cross-encoder" if verifier == "cross-encoder" else "logistic"
+        None, config=config, verifier=verifier if verifier in VERIFIER_CHOICES else "logistic"
     )
     app = create_app(
         settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
@@ -255,11 +255,12 @@ def main() -> None:
         verifier = sys.argv[9] if len(sys.argv) > 9 else "logistic"
         serve_gateway(upstream, database, data_dir, port, memo, workers, threads, verifier)
         return
+    from proxy.semantic.factory import VERIFIER_CHOICES
     from proxy.semantic.service import SemanticConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=40)
-    parser.add_argument("--verifier", choices=("logistic", "cross-encoder"), default="logistic")
+    parser.add_argument("--verifier", choices=VERIFIER_CHOICES, default="logistic")
     parser.add_argument("--upstream-ms", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)

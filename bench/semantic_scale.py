@@ -192,6 +192,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from proxy.semantic.factory import VERIFIER_CHOICES
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=400)
@@ -199,8 +201,8 @@ def main() -> None:
     parser.add_argument("--embed-entries", type=int, default=10**9,
                         help="embed only this many entries for real, derive the rest")  # fmt: skip
     parser.add_argument("--torch-threads", type=int, default=1)
-    parser.add_argument("--verifier", choices=("cross-encoder", "logistic"), default=None,
-                        help="default: the cross-encoder where its weights ship")
+    parser.add_argument("--verifier", choices=VERIFIER_CHOICES, default=None,
+                        help="default: proxy.semantic.factory.default_verifier()")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 

@@ -30,9 +30,10 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
-    # the semantic cache's verifier (KVTOLL_SEMANTIC_VERIFIER): cross-encoder or logistic;
+    # the semantic cache's verifier (KVTOLL_SEMANTIC_VERIFIER): pair-encoder, cross-encoder
+    # or logistic;
     # None: proxy.semantic.factory.default_verifier()
-    semantic_verifier: Literal["cross-encoder", "logistic"] | None = None
+    semantic_verifier: Literal["pair-encoder", "cross-encoder", "logistic"] | None = None
     admin_token: SecretStr = SecretStr("")
     secret: SecretStr = SecretStr("")
     dev_mode: bool = False

@@ -146,6 +146,7 @@ class RecordingVerifier:
     def __init__(self, inner: Verifier) -> None:
         self.inner = inner
         self.last: list[tuple[str, float, float]] = []
+        self.runs_model = False  # scored inline: ``last`` belongs to this lookup
 
     @property
     def default_threshold(self) -> float:
@@ -166,6 +167,9 @@ class RecordingVerifier:
 
 def score_pairs(verifier: Verifier, pairs: Sequence[tuple[str, str, float]]) -> list[float]:
     """Scores of ``(query, prompt, similarity)`` triples, batched where the verifier can."""
+    triples = getattr(verifier, "score_triples", None)
+    if triples is not None:
+        return list(triples(pairs))
     batched = getattr(verifier, "score_pairs", None)
     if batched is not None:
         out: list[float] = []

@@ -40,7 +40,6 @@ from proxy.semantic.keys import CacheKey
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
 from proxy.semantic.store import EntryId, InMemoryStore, StoreConfig
-from proxy.semantic.verifier import LogisticVerifier, load_weights
 
 TENANT = "stream"
 
@@ -52,6 +51,7 @@ class StreamConfig:
     repeat_rate: float = 0.25
     seed: int = 0
     checkpoints: int = 20
+    verifier: str | None = None  # a proxy.semantic.factory choice; None: its default
 
 
 def build_stream(pairs: Sequence[Pair], repeat_rate: float, seed: int) -> list[str]:
@@ -215,7 +215,9 @@ async def run_stream_bench(pairs: list[Pair], config: StreamConfig) -> dict[str,
     faiss.omp_set_num_threads(1)
     stream = build_stream(pairs, config.repeat_rate, config.seed)
     embedder = PrecomputedEmbedder(SentenceTransformerEmbedder(), stream)
-    verifier = LogisticVerifier(load_weights())
+    from proxy.semantic.factory import build_verifier, default_verifier
+
+    verifier = build_verifier(config.verifier or default_verifier())  # type: ignore[arg-type]
     oracle = Oracle(pairs)
     store_config = StoreConfig(capacity_per_tenant=max(1, len(stream)))
 

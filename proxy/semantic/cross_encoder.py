@@ -34,6 +34,7 @@ CONFIG_FILE = "cross_encoder.json"
 SCALE_SUFFIX = "::scale"
 MAX_BATCH = 64  # pairs per forward pass
 Precision = Literal["int8", "fp32", "bf16"]
+Pool = Literal["cls", "mean"]  # the head reads [CLS]'s state, or the mean of all tokens
 
 
 def _torch_classes() -> tuple[Any, Any, Any]:
@@ -47,9 +48,12 @@ def _make_class() -> Any:
     torch, _, _ = _torch_classes()
 
     class _PairClassifier(torch.nn.Module):  # type: ignore[name-defined]
-        def __init__(self, encoder: Any) -> None:
+        def __init__(self, encoder: Any, pool: Pool) -> None:
             super().__init__()
+            if pool not in ("cls", "mean"):
+                raise ValueError(f"pool must be 'cls' or 'mean', not {pool!r}")
             self.encoder = encoder
+            self.mean_pool = pool == "mean"
             self.dropout = torch.nn.Dropout(0.1)
             self.head = torch.nn.Linear(int(encoder.config.hidden_size), 1)
 
@@ -57,8 +61,13 @@ def _make_class() -> Any:
             out = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             )
-            cls = out.last_hidden_state[:, 0]
-            return self.head(self.dropout(cls)).squeeze(-1)
+            states = out.last_hidden_state
+            if self.mean_pool:  # the embedder's own pooling: what its pre-training shaped
+                weights = attention_mask.unsqueeze(-1).to(states.dtype)
+                pooled = (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+            else:
+                pooled = states[:, 0]
+            return self.head(self.dropout(pooled)).squeeze(-1)
 
     return _PairClassifier
 
@@ -67,27 +76,20 @@ class PairClassifier:
     """Factory for the torch module (a class built lazily so torch loads only on use)."""
 
     @staticmethod
-    def from_pretrained_encoder(model_dir: Path) -> Any:
+    def from_pretrained_encoder(model_dir: Path, pool: Pool = "cls") -> Any:
         """MiniLM weights from ``model_dir`` plus a freshly initialised head (training)."""
         _, _, bert_model = _torch_classes()
         encoder = bert_model.from_pretrained(
             str(model_dir), add_pooling_layer=False, local_files_only=True
         )
-        return _make_class()(encoder)
+        return _make_class()(encoder, pool)
 
     @staticmethod
-    def from_config(config_path: Path) -> Any:
-        """An untrained module of the shape in ``config_path`` (to load weights into)."""
-        _, bert_config, bert_model = _torch_classes()
-        encoder = bert_model(bert_config.from_json_file(str(config_path)), add_pooling_layer=False)
-        return _make_class()(encoder)
-
-    @staticmethod
-    def from_config_dict(config: dict[str, Any]) -> Any:
+    def from_config_dict(config: dict[str, Any], pool: Pool = "cls") -> Any:
         """An untrained module of the shape ``config`` (a BERT config as a dict)."""
         _, bert_config, bert_model = _torch_classes()
         encoder = bert_model(bert_config.from_dict(dict(config)), add_pooling_layer=False)
-        return _make_class()(encoder)
+        return _make_class()(encoder, pool)
 
 
 def pack_state(state: dict[str, np.ndarray], min_quantized: int = 4096) -> dict[str, np.ndarray]:
@@ -132,6 +134,7 @@ class CrossEncoderConfig:
     threshold: float  # on the calibrated probability, chosen on the calib split
     min_similarity: float  # candidates below this cosine are not scored (recall-first)
     meta: dict[str, Any] = field(default_factory=dict)
+    pool: Pool = "cls"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CrossEncoderConfig:
@@ -143,6 +146,7 @@ class CrossEncoderConfig:
             threshold=float(data["threshold"]),
             min_similarity=float(data["min_similarity"]),
             meta=dict(data.get("meta", {})),
+            pool="mean" if data.get("pool") == "mean" else "cls",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -154,6 +158,7 @@ class CrossEncoderConfig:
             "threshold": self.threshold,
             "min_similarity": self.min_similarity,
             "meta": self.meta,
+            "pool": self.pool,
         }
 
 
@@ -198,7 +203,7 @@ class CrossEncoder:
         self._config = config
         self._torch = torch
         self._precision = precision
-        model = PairClassifier.from_config_dict(config.bert)
+        model = PairClassifier.from_config_dict(config.bert, config.pool)
         state = {k: torch.from_numpy(v) for k, v in unpack_state(arrays).items()}
         model.load_state_dict(state)
         model.eval()

@@ -25,11 +25,11 @@ import asyncio
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,7 @@ from proxy.semantic.omp_threads import limit_this_thread
 from proxy.semantic.padding import length_groups, pad_rows
 
 Vectors = npt.NDArray[np.float32]
+_T = TypeVar("_T")
 
 
 class Embedder(Protocol):
@@ -306,6 +307,12 @@ class MicroBatcher:
         for p, row in zip(batch, vectors, strict=True):
             if not p.future.done():
                 p.future.set_result(row)
+
+    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on the embedding workers (a verifier's model runs there too, off
+        the event loop, with the same torch thread limit)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
     def close(self) -> None:
         """Stop the worker thread (pending calls finish first)."""

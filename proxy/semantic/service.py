@@ -159,7 +159,7 @@ class SemanticCache:
         )
         t2 = time.perf_counter()
         limit = self._threshold(threshold)
-        scored = self._verify(key.query, candidates)
+        scored = await self._verify(key.query, candidates)
         t3 = time.perf_counter()
         timing = LookupTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         self.stats.observe(timing)
@@ -222,15 +222,18 @@ class SemanticCache:
             return self._config.default_threshold
         return self._verifier.default_threshold
 
-    def _verify(
+    async def _verify(
         self, query: str, candidates: list[tuple[Slot, float]]
     ) -> list[tuple[float, float, Slot]]:
-        """(score, similarity, slot) of the candidates worth scoring, best score first."""
+        """(score, similarity, slot) of the candidates worth scoring, best score first; a
+        verifier with a model (``runs_model``) runs on the embedder's pool, not the loop."""
         worth = [(slot, sim) for slot, sim in candidates if sim >= self._verifier.min_similarity]
-        scores = self._verifier.score_many(query, [(slot.prompt, sim) for slot, sim in worth])
-        out = [(score, sim, slot) for score, (slot, sim) in zip(scores, worth, strict=True)]
-        out.sort(key=lambda item: -item[0])
-        return out
+        texts = [(slot.prompt, sim) for slot, sim in worth]
+        pooled = worth and getattr(self._verifier, "runs_model", False)
+        score = self._verifier.score_many
+        scores = await self._batcher.run(score, query, texts) if pooled else score(query, texts)
+        return sorted(((sc, sim, slot) for sc, (slot, sim) in zip(scores, worth, strict=True)),
+                      key=lambda item: -item[0])  # fmt: skip
 
     async def _first_live(
         self,

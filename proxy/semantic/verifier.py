@@ -1,8 +1,10 @@
 """Calibrated decision: is a cached prompt a correct stand-in for the query?
 
-Two verifiers implement :class:`Verifier`: :class:`CrossEncoderVerifier` (the default,
-see its docstring: a cross-encoder re-scores the index's candidates) and
-:class:`LogisticVerifier` (selectable: guard features, no second model), described here.
+Three verifiers implement :class:`Verifier`: the pair encoder's
+(:mod:`proxy.semantic.pair_verifier`, the default where its weights ship: a fine-tuned
+encoder's cosine with this module's guard features stacked on it),
+:class:`CrossEncoderVerifier` (see its docstring: a cross-encoder re-scores the index's
+candidates) and :class:`LogisticVerifier` (guard features, no second model), described here.
 
 Policy (logistic)
 -----------------
@@ -199,6 +201,8 @@ class CrossEncoderVerifier:
     final punctuation aside) scores 1 and a different arithmetic operator scores 0,
     without running the model. The similarity does not enter the score.
     """
+
+    runs_model = True  # the service runs it on the embedder's worker pool
 
     def __init__(
         self,

@@ -171,3 +171,42 @@ async def test_a_failing_embedder_is_a_miss_and_stores_nothing(
     result = await cache.lookup_detailed("t", chat("How do I reset my password?"))
     assert result.hit is None and result.reason == "embed_error"
     assert cache.stats.embed_errors == 2
+
+
+class _ThreadRecordingVerifier:
+    """The shipped logistic verifier, noting which thread scored (``runs_model`` as given)."""
+
+    def __init__(self, inner: LogisticVerifier, runs_model: bool) -> None:
+        self.inner = inner
+        self.runs_model = runs_model
+        self.threads: list[str] = []
+        self.default_threshold = inner.default_threshold
+        self.min_similarity = inner.min_similarity
+
+    def score(self, query: str, prompt: str, similarity: float) -> float:
+        return self.score_many(query, [(prompt, similarity)])[0]
+
+    def score_many(self, query: str, candidates: list[tuple[str, float]]) -> list[float]:
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return self.inner.score_many(query, candidates)
+
+
+@pytest.mark.parametrize("runs_model", [True, False])
+async def test_a_model_verifier_runs_on_the_embedders_workers(
+    embedder: object, verifier: LogisticVerifier, runs_model: bool
+) -> None:
+    """Issue 23: the second stage must not block the event loop (a model's forward pass
+    does); a verifier without a model stays inline (no thread hop)."""
+    import threading
+
+    recording = _ThreadRecordingVerifier(verifier, runs_model)
+    cache = SemanticCache(embedder, InMemoryStore(), recording, SemanticConfig())  # type: ignore[arg-type]
+    await cache.store("t", chat("How do I reset my password?"), answer("reset it"))
+    hit = await cache.lookup("t", chat("How can I reset my password?"))
+    assert hit is not None and len(recording.threads) == 1
+    if runs_model:
+        assert recording.threads[0].startswith("kvtoll-embed")
+    else:
+        assert recording.threads[0] == threading.current_thread().name
