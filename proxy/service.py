@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from functools import partial
 
 import anyio
@@ -42,7 +41,7 @@ from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy, TenantId
 from engine.api import KVShare, Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
-from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
+from kvtoll.openai.errors import OpenAIError
 from proxy.budget import BudgetGuard
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
@@ -53,6 +52,7 @@ from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.progress import ProgressJournal
+from proxy.reply import Reply, UpstreamUnavailable
 from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.types import (
     SemanticAnswer,
@@ -74,52 +74,6 @@ from proxy.upstream.base import (
 
 log = logging.getLogger(__name__)
 MAX_CACHED_SALTS = 100_000
-
-
-async def _nothing() -> None:
-    return None
-
-
-@dataclass
-class Reply:
-    """A response in flight: iterate ``items`` at most once, then :meth:`aclose` it
-    (always, also when ``items`` was never started)."""
-
-    request_id: str
-    worker: str | None
-    semantic: bool
-    no_cache: bool
-    items: AsyncGenerator[Item, None]
-    tally: Tally
-    similarity: float | None = None
-    abandon: Callable[[], Awaitable[None]] = _nothing
-    budget_alert: str | None = None  # x-kvtoll-budget-alert, e.g. "83%"
-
-    async def aclose(self) -> None:
-        """Close ``items``; if they were never read, close the upstream and write the
-        request's ledger row here (``client_disconnect``, shielded from cancellation)."""
-        await self.items.aclose()
-        await self.abandon()
-
-    def cache_header(self) -> str:
-        """``x-kvtoll-cache``: semantic | prefix | bypass | miss (prefix: the usage, or the
-        first delta's counts for a response still streaming, reports cached tokens)."""
-        if self.semantic:
-            return "semantic"
-        if self.tally.prompt_cached() > 0:
-            return "prefix"
-        return "bypass" if self.no_cache else "miss"
-
-
-class UpstreamUnavailable(OpenAIError):
-    """502 ``upstream_unavailable``; 504 ``upstream_timeout`` when every upstream tried
-    stayed silent past its timeout."""
-
-    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
-        super().__init__(
-            f"No upstream could serve the request: {detail}", status=504 if timed_out else 502,
-            type=SERVER_ERROR, code="upstream_timeout" if timed_out else "upstream_unavailable",
-        )
 
 
 class Gateway:
