@@ -14,7 +14,11 @@
 
 Retries happen only while opening (nothing has reached the client); an upstream that
 fails (refused, cut, silent past its timeout) is marked down in the pool at once,
-before or during the relay, so the next requests go around it. Exactly one
+before or during the relay, so the next requests go around it. A non-streamed request
+is asked of an HTTP upstream whole (:attr:`UpstreamRequest.whole`): its first item comes
+with the complete answer, so the wait for it is bounded by ``upstream_response_timeout_s``
+instead of the first-byte timeout; everything after (tally, usage, row) is as streamed.
+Exactly one
 ledger row is written per admitted request, from the relay's ``finally`` (shielded
 from cancellation), before the usage item is passed on. A request cancelled before
 its relay ran (while waiting for the upstream's first item, or after it but before
@@ -70,6 +74,7 @@ from proxy.upstream.base import (
     UpstreamRejected,
     UpstreamRequest,
     UpstreamUsage,
+    answers_whole,
 )
 
 log = logging.getLogger(__name__)
@@ -163,6 +168,7 @@ class Gateway:
             prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
             kv_share=KVShare(prep.identity.tenant_name, prep.identity.kv_reserved_blocks,
                              prep.identity.kv_max_blocks),
+            whole=not prep.request.stream,
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query, probe=probe)
@@ -192,6 +198,13 @@ class Gateway:
             return self._router.rank(candidates, request)
         return candidates
 
+    def _first_item_s(self, upstream: Upstream, request: UpstreamRequest) -> float:
+        """How long ``upstream``'s first item may take: the whole answer's timeout when it
+        answers ``request`` in one piece, else the first-byte timeout."""
+        if request.whole and answers_whole(upstream):
+            return self._config.upstream_response_timeout_s
+        return self._config.upstream_first_byte_timeout_s
+
     async def _connect(
         self, flight: Flight, request: UpstreamRequest, timer: StepTimer
     ) -> tuple[Upstream, Item, AsyncIterator[Item]]:
@@ -203,7 +216,7 @@ class Gateway:
         for upstream in self._candidates(request):
             stream = upstream.stream(request)
             try:
-                with timer(self._config.upstream_first_byte_timeout_s):
+                with timer(self._first_item_s(upstream, request)):
                     first = await anext(stream)
             except asyncio.CancelledError:
                 flight.upstream = upstream

@@ -1,9 +1,13 @@
 """An OpenAI-compatible server over HTTP as an :class:`~proxy.upstream.base.Upstream`:
 kvtoll workers, vLLM, SGLang or anything speaking ``/v1/chat/completions``.
 
-Every request goes upstream streamed (``stream: true`` with
-``stream_options.include_usage``), whatever the client asked, and is read back as
-server-sent events into :class:`UpstreamDelta` items and one :class:`UpstreamUsage`.
+A streamed request (the client's ``stream: true``) goes upstream streamed, with
+``stream_options.include_usage``, and is read back as server-sent events into
+:class:`UpstreamDelta` items and one :class:`UpstreamUsage`. A request the client wants
+whole (:attr:`UpstreamRequest.whole`) goes upstream with ``stream: false`` and comes back
+as one JSON body: one delta per choice (its whole message), then the usage; neither side
+pays per-event work, and the connection may stay silent for the whole generation, so its
+read timeout is ``response_timeout_s`` instead of ``read_timeout_s``.
 The server-derived tenant salt travels as ``cache_salt`` (hex), the field kvtoll
 workers and vLLM read (``send_salt=False`` for servers that refuse unknown fields).
 
@@ -61,7 +65,8 @@ class HttpUpstreamConfig:
     model: str | None = None  # model name to send instead of the client's
     send_salt: bool = True
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 300.0  # longest silence between two bytes
+    read_timeout_s: float = 300.0  # longest silence between two bytes (streamed)
+    response_timeout_s: float = 600.0  # longest wait for a whole (non-streamed) response
     max_connections: int = 256
     name: str | None = None  # what ``x-kvtoll-worker`` shows; default: the root URL
     ssl_context: ssl.SSLContext | None = None  # https: trust this (default: system CAs)
@@ -88,6 +93,8 @@ def kv_share_field(share: KVShare) -> dict[str, Any]:
 class HttpUpstream:
     """One OpenAI-compatible server reached through a pooled :class:`H1Client`."""
 
+    answers_whole = True  # a whole request is asked whole (proxy.upstream.base.answers_whole)
+
     def __init__(self, config: HttpUpstreamConfig, client: H1Client | None = None) -> None:
         self.config = config
         self._root = config.root()
@@ -107,11 +114,16 @@ class HttpUpstream:
         return self.config.name or self._root
 
     def request_body(self, request: UpstreamRequest) -> dict[str, Any]:
-        """The body sent upstream: the client's, forced to stream with usage, with
-        the proxy's salt (and model override)."""
+        """The body sent upstream: the client's, streamed with usage (or, for a
+        :attr:`~UpstreamRequest.whole` request, not streamed), with the proxy's salt
+        (and model override)."""
         body = {k: v for k, v in request.body.items() if k not in SALT_FIELDS}
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        if request.whole:
+            body["stream"] = False
+            body.pop("stream_options", None)  # servers refuse it without stream
+        else:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if self.config.model is not None:
             body["model"] = self.config.model
         if self.config.send_salt:
@@ -135,14 +147,15 @@ class HttpUpstream:
         encoded = self._encoded(request)
         resp: H1Response | None = None
         try:
-            resp = await self._client.send(self._origin, encoded,
-                                           read_timeout_s=self.config.read_timeout_s)
+            resp = await self._client.send(
+                self._origin, encoded, read_timeout_s=self.config.response_timeout_s
+                if request.whole else self.config.read_timeout_s)
             if resp.status >= 400:
                 raise status_error(resp.status, await resp.aread())
             reader.read_prompt_headers(resp.headers)
             if resp.headers.get("content-type", "").startswith("application/json"):
                 for delta in reader.whole(fastjson.loads(await resp.aread())):
-                    yield delta  # a server that ignored stream=true
+                    yield delta  # asked whole (or a server that ignored stream=true)
             else:
                 events = SseEvents()
                 async for chunk in resp.aiter_bytes():

@@ -90,6 +90,8 @@ class ResponseReader:
             raise self.error(f"malformed response from upstream: {str(body)[:200]!r}")
         if isinstance(body.get("usage"), dict):
             self.usage = body["usage"]
+            if self.counts is None:  # as a worker's headers would: on the first delta
+                self.counts = _prompt_counts(self.usage)
         self.done = True
         choices = [
             {**c, "delta": c.get("message") or {}} if isinstance(c, dict) else {}
@@ -170,6 +172,17 @@ def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:
         details, dict) else None
     return UpstreamUsage(prompt, completion, cached_n, extra,
                          None if tier is None else tier.clamped(cached_n))
+
+
+def _prompt_counts(usage: dict[str, Any]) -> tuple[int, int] | None:
+    """(prompt, cached) of a whole response's usage when it reports cached tokens."""
+    try:
+        reported = _reported_usage(usage)
+    except (ValueError, TypeError, AttributeError):
+        return None  # finish() reports the malformed usage
+    if reported.extra.get("cached_tokens_reported", True) is False:
+        return None
+    return reported.prompt_tokens, reported.cached_tokens
 
 
 def _approx_prompt_tokens(body: dict[str, Any]) -> int:
