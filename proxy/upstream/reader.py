@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from kvtoll import fastjson
@@ -40,6 +39,7 @@ class ResponseReader:
         self.finished: set[int] = set()
         self.num_deltas = 0
         self.counts: tuple[int, int] | None = None  # (prompt, cached) for the first delta
+        self.whole_usage: UpstreamUsage | None = None  # a whole body's usage, read once
 
     def read_prompt_headers(self, headers: Mapping[str, str]) -> None:
         """A kvtoll worker's prompt counts (see ``kvtoll.openai.sse``), for the first
@@ -90,22 +90,29 @@ class ResponseReader:
             raise self.error(f"malformed response from upstream: {str(body)[:200]!r}")
         if isinstance(body.get("usage"), dict):
             self.usage = body["usage"]
-            if self.counts is None:  # as a worker's headers would: on the first delta
-                self.counts = _prompt_counts(self.usage)
+            self._read_whole_usage(self.usage)
         self.done = True
-        choices = [
-            {**c, "delta": c.get("message") or {}} if isinstance(c, dict) else {}
-            for c in body["choices"]
-        ]
-        deltas = [d for d in map(self._delta, choices) if d is not None]
+        deltas = [d for d in (self._delta(c if isinstance(c, dict) else {}, "message")
+                              for c in body["choices"]) if d is not None]
         self.produced = bool(deltas)
         return deltas
 
-    def _delta(self, choice: dict[str, Any]) -> UpstreamDelta | None:
+    def _read_whole_usage(self, usage: dict[str, Any]) -> None:
+        """A whole body's usage, for :meth:`finish`; its prompt counts go on the first
+        delta, as a worker's headers would (when it reports cached tokens)."""
+        try:
+            self.whole_usage = _reported_usage(usage)
+        except (ValueError, TypeError, AttributeError):
+            return  # finish() reports the malformed usage
+        if self.counts is None and "cached_tokens_reported" not in self.whole_usage.extra:
+            self.counts = (self.whole_usage.prompt_tokens, self.whole_usage.cached_tokens)
+
+    def _delta(self, choice: dict[str, Any], field: str = "delta") -> UpstreamDelta | None:
+        """One choice's delta (``field``: ``message`` in a whole body)."""
         index = int(choice.get("index", 0))
         tool_calls = None
         if self.kind == "chat":
-            delta = choice.get("delta") or {}
+            delta = choice.get(field) or {}
             text = delta.get("content") or ""
             if delta.get("tool_calls"):
                 tool_calls = checked_tool_calls(delta["tool_calls"])
@@ -117,16 +124,17 @@ class ResponseReader:
         if not (text or reason or tool_calls or logprobs):
             return None
         self.num_deltas += bool(text or tool_calls)
-        delta = UpstreamDelta(index, text, reason, logprobs, tool_calls)
-        if self.counts is not None:
-            delta = replace(delta, prompt_tokens=self.counts[0], cached_tokens=self.counts[1])
-            self.counts = None
-        return delta
+        if self.counts is None:
+            return UpstreamDelta(index, text, reason, logprobs, tool_calls)
+        (prompt, cached), self.counts = self.counts, None
+        return UpstreamDelta(index, text, reason, logprobs, tool_calls, prompt, cached)
 
     def finish(self) -> UpstreamUsage:
         """The usage item; an error if the stream stopped before its end."""
         if not self.done and not self.finished:
             raise self.error("upstream stream ended before completion")
+        if self.whole_usage is not None:
+            return self.whole_usage
         if self.usage is not None:
             return _reported_usage(self.usage)
         return self._estimated_usage()
@@ -172,17 +180,6 @@ def _reported_usage(usage: dict[str, Any]) -> UpstreamUsage:
         details, dict) else None
     return UpstreamUsage(prompt, completion, cached_n, extra,
                          None if tier is None else tier.clamped(cached_n))
-
-
-def _prompt_counts(usage: dict[str, Any]) -> tuple[int, int] | None:
-    """(prompt, cached) of a whole response's usage when it reports cached tokens."""
-    try:
-        reported = _reported_usage(usage)
-    except (ValueError, TypeError, AttributeError):
-        return None  # finish() reports the malformed usage
-    if reported.extra.get("cached_tokens_reported", True) is False:
-        return None
-    return reported.prompt_tokens, reported.cached_tokens
 
 
 def _approx_prompt_tokens(body: dict[str, Any]) -> int:
