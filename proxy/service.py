@@ -17,7 +17,8 @@ fails (refused, cut, silent past its timeout) is marked down in the pool at once
 before or during the relay, so the next requests go around it. A non-streamed request
 is asked of an HTTP upstream whole (:attr:`UpstreamRequest.whole`): its first item comes
 with the complete answer, so the wait for it is bounded by ``upstream_response_timeout_s``
-instead of the first-byte timeout; everything after (tally, usage, row) is as streamed.
+instead of the first-byte timeout; everything after (tally, usage, row) is as streamed,
+except that the row's ``ttft_ms`` is unknown (no first token was seen on its own).
 Exactly one
 ledger row is written per admitted request, from the relay's ``finally`` (shielded
 from cancellation), before the usage item is passed on. A request cancelled before
@@ -187,6 +188,7 @@ class Gateway:
                 await self._finish(flight, status)
             raise
         flight.upstream = upstream
+        flight.whole = request.whole and answers_whole(upstream)
         flight.tally.note_prompt(first)  # the prompt counts, before the headers are sent
         items = self._relay(flight, stream, first=first, timer=timer)
         return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally,

@@ -73,6 +73,7 @@ def test_whole_answer_billed_and_rendered_as_streamed(
     assert (row.status, row.worker) == (RequestStatus.OK, "up-0")
     assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (9, 4, 2)
     assert (row.tier_host_cached_tokens, row.tier_shared_cached_tokens) == (4, 0)
+    assert row.ttft_ms is None and row.latency_ms  # no first token was seen on its own
 
 
 def test_an_incomplete_whole_answer_is_not_stored(
@@ -103,6 +104,7 @@ def test_streamed_clients_still_stream_from_the_upstream(
     assert "Paris." in response.text and response.text.endswith("data: [DONE]\n\n")
     [row] = settled_rows(db, 1)
     assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (9, 4, 2)
+    assert row.ttft_ms is not None
 
 
 def test_a_whole_answer_may_take_longer_than_the_first_byte_timeout(
