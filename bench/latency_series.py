@@ -4,7 +4,11 @@ train, and the plot of added latency over request index.
 
 Closed loop: ``concurrency`` workers, each on one keep-alive connection (the lean
 client of ``semantic_load.py``), for ``seconds``; every response's latency and its
-``x-kvtoll-request-id`` (to check the ledger against what was answered) are kept.
+``x-kvtoll-request-id`` (to check the ledger against what was answered) are kept. The
+loop runs on uvloop when it is installed (:func:`run_client`; ``client_loop`` says
+which): on a saturated machine the client's own CPU is in every target's total, so a
+lighter client lets the throughputs show the targets' differences; every target and the
+direct upstream are measured by the same client in the same run.
 
 Periodicity: the requests whose added latency exceeds ``spike_ms`` are "spikes"; for
 each trial period P in ``periods_s`` the Rayleigh statistic z = n * |mean(exp(2 pi i t / P))|^2
@@ -20,12 +24,34 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from bench.semantic_load import encode_post, read_response
+
+T = TypeVar("T")
+
+
+def client_loop() -> str:
+    """The event loop :func:`run_client` uses: ``uvloop`` when installed, else ``asyncio``."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run_client(main: Coroutine[Any, Any, T]) -> T:
+    """Run a load generator's coroutine on :func:`client_loop`'s loop."""
+    if client_loop() == "asyncio":
+        return asyncio.run(main)
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 @dataclass

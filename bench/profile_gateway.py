@@ -18,7 +18,6 @@ not included).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import os
@@ -96,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         record(py_spy, pid, args.idle_seconds, tmp / "idle.txt", args.gil).wait()
         headers = {"Authorization": f"Bearer {key}"}
         if args.concurrency:  # warm up first: the window measures the steady state
-            asyncio.run(latency_series.closed_loop(gateway, headers, po.BODY, 4, 1.0))
+            latency_series.run_client(latency_series.closed_loop(gateway, headers, po.BODY, 4, 1.0))
         cpu_before = user_system_seconds(pid)
         spy = record(py_spy, pid, args.load_seconds, tmp / "load.txt", args.gil)
         if args.concurrency:
@@ -150,8 +149,8 @@ def sequential_load(direct: str, gateway: str, headers: dict[str, str], requests
 def closed_loop_load(gateway: str, headers: dict[str, str], concurrency: int,
                      seconds: float) -> dict[str, Any]:
     """``concurrency`` keep-alive clients in a closed loop for ``seconds``."""
-    result = asyncio.run(latency_series.closed_loop(gateway, headers, po.BODY, concurrency,
-                                                    seconds))
+    result = latency_series.run_client(latency_series.closed_loop(
+        gateway, headers, po.BODY, concurrency, seconds))
     done = len(result.latencies_ms)
     return {"num_requests": done, "errors": result.errors,
             "requests_per_s": round(done / result.elapsed_s, 1),

@@ -19,7 +19,9 @@ when absent)::
                 latency cancels); the per-turn added latency over request index is
                 plotted (--plot) and tested for a spike train (latency_series.py)
     throughput: closed loop with each of --concurrency clients (1, 8, 32) for --seconds,
-                through each gateway and directly: requests/s and p50/p99/p99.9
+                through each gateway and directly: requests/s and p50/p99/p99.9; one
+                lean raw-HTTP/1.1 client on uvloop (when installed; throughput's
+                client_loop says) for every target alike
     ledger:     every kvtoll response's x-kvtoll-request-id against the ledger once the
                 outbox drained: lost (answered, no row) and extra (row, never answered)
 
@@ -35,7 +37,6 @@ scheduler, not the code, dominates the added latency. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -224,7 +225,7 @@ def closed_loop(target: Target, concurrency: int, seconds: float,
     """Requests/s and latency percentiles through ``target`` with ``concurrency``
     keep-alive clients, and the CPU ms per request of its process tree meanwhile."""
     before = gateway_peers.process_tree_cpu_seconds(target.pid)
-    result = asyncio.run(latency_series.closed_loop(
+    result = latency_series.run_client(latency_series.closed_loop(
         target.url, target.headers, BODY, concurrency, seconds))
     cpu = gateway_peers.process_tree_cpu_seconds(target.pid) - before
     for request_id in result.request_ids:
@@ -367,7 +368,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gateways": {g.name: added_summary(rounds, g.name) for g in gateways},
         "peers": peer_summary(rounds, peers, throughput),
         "peers_skipped": skipped,
-        "throughput": {"seconds": args.seconds, **{str(c): t for c, t in throughput.items()}},
+        "throughput": {"seconds": args.seconds, "client_loop": latency_series.client_loop(),
+                       **{str(c): t for c, t in throughput.items()}},
         "ledger": ledgers,
         "plot": args.plot or None,
         "goals": {

@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     redis_socket_timeout_s: float = Field(default=0.5, gt=0)
     worker_connect_timeout_s: float = Field(default=5.0, gt=0)
     worker_read_timeout_s: float = Field(default=60.0, gt=0)  # first byte, and between two
+    # a non-streamed request's whole answer (asked of the worker in one piece)
+    worker_response_timeout_s: float = Field(default=600.0, gt=0)
     # Crash-safe metering: a stream's progress is journaled every N tokens or M ms.
     progress_every_tokens: int = Field(default=16, ge=1)
     progress_every_ms: int = Field(default=500, ge=1)

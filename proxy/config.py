@@ -53,6 +53,8 @@ class ProxyConfig:
     auth_cache_size: int = 10_000
     upstream_first_byte_timeout_s: float = 60.0
     upstream_idle_timeout_s: float = 60.0
+    # a non-streamed request: the upstream's whole answer (it may be silent that long)
+    upstream_response_timeout_s: float = 600.0
     ledger_retry_interval_s: float = 2.0  # outbox drain retries while the DB is failing
     ledger_batch_delay_s: float = 0.2  # ledger rows trail responses by about this much
     outbox_fsync: bool = False  # fsync every usage record (survives power loss, slower)
@@ -89,6 +91,7 @@ def from_settings(settings: Settings, base: ProxyConfig | None = None) -> ProxyC
             burst_s=settings.rate_limit_burst_s,
         ),
         upstream_first_byte_timeout_s=worker_s, upstream_idle_timeout_s=worker_s,
+        upstream_response_timeout_s=settings.worker_response_timeout_s,
         progress_every_tokens=settings.progress_every_tokens,
         progress_every_s=settings.progress_every_ms / 1000,
         auth_wait_s=settings.db_connect_timeout_s,

@@ -33,6 +33,9 @@ class Flight:
     probe: SemanticProbe | None = None  # a would-be hit answered here to check it
     metered: bool = field(default=False)
     relayed: bool = field(default=False)  # the relay started: its finally meters
+    # the upstream answered in one piece (a non-streamed request asked whole): its first
+    # token was never seen, so the row's ttft_ms is unknown (None), not the whole answer's
+    whole: bool = field(default=False)
     # crash-safe metering (proxy.progress): completion tokens and time last journaled
     journaled_tokens: int = field(default=0)
     journaled_at: float = field(default=0.0)
@@ -69,7 +72,8 @@ def ledger_entry(flight: Flight, status: RequestStatus, prompt: int, cached: int
         worker=flight.upstream.name if flight.upstream else None,
         created_at=prep.arrived_at,
         latency_ms=round((now - prep.started) * 1000, 3),
-        ttft_ms=None if first is None else round((first - prep.started) * 1000, 3),
+        ttft_ms=None if first is None or flight.whole else round(
+            (first - prep.started) * 1000, 3),
         cut=cut,
         **_tier_fields(flight, cached),
     )

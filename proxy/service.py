@@ -14,7 +14,12 @@
 
 Retries happen only while opening (nothing has reached the client); an upstream that
 fails (refused, cut, silent past its timeout) is marked down in the pool at once,
-before or during the relay, so the next requests go around it. Exactly one
+before or during the relay, so the next requests go around it. A non-streamed request
+is asked of an HTTP upstream whole (:attr:`UpstreamRequest.whole`): its first item comes
+with the complete answer, so the wait for it is bounded by ``upstream_response_timeout_s``
+instead of the first-byte timeout; everything after (tally, usage, row) is as streamed,
+except that the row's ``ttft_ms`` is unknown (no first token was seen on its own).
+Exactly one
 ledger row is written per admitted request, from the relay's ``finally`` (shielded
 from cancellation), before the usage item is passed on. A request cancelled before
 its relay ran (while waiting for the upstream's first item, or after it but before
@@ -32,8 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from functools import partial
 
 import anyio
@@ -42,7 +46,7 @@ from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy, TenantId
 from engine.api import KVShare, Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
-from kvtoll.openai.errors import SERVER_ERROR, OpenAIError
+from kvtoll.openai.errors import OpenAIError
 from proxy.budget import BudgetGuard
 from proxy.cache_stores import BackgroundStores
 from proxy.config import ProxyConfig
@@ -53,6 +57,7 @@ from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.progress import ProgressJournal
+from proxy.reply import Reply, UpstreamUnavailable
 from proxy.semantic.capacity import TenantCapacity
 from proxy.semantic.types import (
     SemanticAnswer,
@@ -70,56 +75,11 @@ from proxy.upstream.base import (
     UpstreamRejected,
     UpstreamRequest,
     UpstreamUsage,
+    answers_whole,
 )
 
 log = logging.getLogger(__name__)
 MAX_CACHED_SALTS = 100_000
-
-
-async def _nothing() -> None:
-    return None
-
-
-@dataclass
-class Reply:
-    """A response in flight: iterate ``items`` at most once, then :meth:`aclose` it
-    (always, also when ``items`` was never started)."""
-
-    request_id: str
-    worker: str | None
-    semantic: bool
-    no_cache: bool
-    items: AsyncGenerator[Item, None]
-    tally: Tally
-    similarity: float | None = None
-    abandon: Callable[[], Awaitable[None]] = _nothing
-    budget_alert: str | None = None  # x-kvtoll-budget-alert, e.g. "83%"
-
-    async def aclose(self) -> None:
-        """Close ``items``; if they were never read, close the upstream and write the
-        request's ledger row here (``client_disconnect``, shielded from cancellation)."""
-        await self.items.aclose()
-        await self.abandon()
-
-    def cache_header(self) -> str:
-        """``x-kvtoll-cache``: semantic | prefix | bypass | miss (prefix: the usage, or the
-        first delta's counts for a response still streaming, reports cached tokens)."""
-        if self.semantic:
-            return "semantic"
-        if self.tally.prompt_cached() > 0:
-            return "prefix"
-        return "bypass" if self.no_cache else "miss"
-
-
-class UpstreamUnavailable(OpenAIError):
-    """502 ``upstream_unavailable``; 504 ``upstream_timeout`` when every upstream tried
-    stayed silent past its timeout."""
-
-    def __init__(self, detail: str, *, timed_out: bool = False) -> None:
-        super().__init__(
-            f"No upstream could serve the request: {detail}", status=504 if timed_out else 502,
-            type=SERVER_ERROR, code="upstream_timeout" if timed_out else "upstream_unavailable",
-        )
 
 
 class Gateway:
@@ -209,6 +169,7 @@ class Gateway:
             prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
             kv_share=KVShare(prep.identity.tenant_name, prep.identity.kv_reserved_blocks,
                              prep.identity.kv_max_blocks),
+            whole=not prep.request.stream,
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,
                          upstream_request=request, query=query, probe=probe)
@@ -227,6 +188,7 @@ class Gateway:
                 await self._finish(flight, status)
             raise
         flight.upstream = upstream
+        flight.whole = request.whole and answers_whole(upstream)
         flight.tally.note_prompt(first)  # the prompt counts, before the headers are sent
         items = self._relay(flight, stream, first=first, timer=timer)
         return Reply(prep.request_id, upstream.name, False, prep.no_cache, items, flight.tally,
@@ -237,6 +199,13 @@ class Gateway:
         if self._router is not None:
             return self._router.rank(candidates, request)
         return candidates
+
+    def _first_item_s(self, upstream: Upstream, request: UpstreamRequest) -> float:
+        """How long ``upstream``'s first item may take: the whole answer's timeout when it
+        answers ``request`` in one piece, else the first-byte timeout."""
+        if request.whole and answers_whole(upstream):
+            return self._config.upstream_response_timeout_s
+        return self._config.upstream_first_byte_timeout_s
 
     async def _connect(
         self, flight: Flight, request: UpstreamRequest, timer: StepTimer
@@ -249,7 +218,7 @@ class Gateway:
         for upstream in self._candidates(request):
             stream = upstream.stream(request)
             try:
-                with timer(self._config.upstream_first_byte_timeout_s):
+                with timer(self._first_item_s(upstream, request)):
                     first = await anext(stream)
             except asyncio.CancelledError:
                 flight.upstream = upstream

@@ -193,7 +193,8 @@ def _remote_parts(settings: Settings, options: ServeOptions) -> _Parts:
         HttpUpstream(HttpUpstreamConfig(base_url=u, api_key=link.token or None,
                                         ssl_context=context,
                                         connect_timeout_s=settings.worker_connect_timeout_s,
-                                        read_timeout_s=settings.worker_read_timeout_s))
+                                        read_timeout_s=settings.worker_read_timeout_s,
+                                        response_timeout_s=settings.worker_response_timeout_s))
         for u in options.workers
     ]
     parts = _Parts(upstreams, worker_models(options.workers, link,

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -53,6 +54,7 @@ METRICS_TOKEN = "security-test-metrics-token-0123456"
 OLD_DEV_SECRET = b"kvtoll-dev-secret"  # what dev mode signed with before
 MODEL = "kvtoll-tiny"
 PREFIX = "kvtoll:"  # the default prefix workers and gateways use
+SECURITY_REDIS_DB = 13  # no other test uses it (_own_database)
 SYSTEM = "You are the security test's assistant; answer briefly and politely. " * 3
 
 
@@ -194,6 +196,16 @@ def _start_gateways(stack: Stack, env: dict[str, str], g_url: str, d_url: str) -
     stack.procs["dev"] = _kvtoll([*serve, "--port", str(d_port)], d_env, stack.tmp / "dev.log")
 
 
+def _own_database(redis_url: str) -> str:
+    """The stack's Redis in a database of its own (emptied first): G discovers workers
+    under the default prefix, so a worker another test registers there at the same
+    time (the suite runs on two processes) must not join G's pool."""
+    url = urlsplit(redis_url)
+    own = urlunsplit(url._replace(path=f"/{SECURITY_REDIS_DB}"))
+    redis.Redis.from_url(own).flushdb()
+    return own
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("security")
@@ -201,7 +213,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     g_url, g_db, g_tenants = _database(tmp / "g.db")
     d_url, d_db, d_tenants = _database(tmp / "d.db")
     ports = [free_port() for _ in range(4)]
-    stack = Stack(tmp, redis_url, cert, f"https://127.0.0.1:{ports[0]}",
+    stack = Stack(tmp, _own_database(redis_url), cert, f"https://127.0.0.1:{ports[0]}",
                   f"http://127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[2]}",
                   f"http://127.0.0.1:{ports[3]}", g_db, d_db, g_tenants, d_tenants, {})
     env = _base_env(tmp)

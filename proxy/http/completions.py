@@ -61,7 +61,8 @@ from kvtoll.openai.sse import SSE_HEADERS
 from proxy.budget import ALERT_HEADER, BudgetExceeded
 from proxy.http.render import sse_frames, whole_response
 from proxy.intake import Intake, Kind, Prepared, RateLimited
-from proxy.service import Gateway, Reply
+from proxy.reply import Reply
+from proxy.service import Gateway
 from proxy.upstream.base import UpstreamError
 
 log = logging.getLogger(__name__)

@@ -73,12 +73,22 @@ class RoutingHook:
     def rank(
         self, candidates: Sequence[Upstream], request: UpstreamRequest
     ) -> list[Upstream]:
-        """``candidates`` best first; the first choice is recorded as dispatched."""
+        """``candidates`` best first; the first choice is recorded as dispatched. A single
+        candidate is planned too (its blocks and load are tracked), but not scored."""
+        if len(candidates) == 1:  # up or down, it is the one to try
+            self._plan(request, [WorkerId(candidates[0].name)])
+            return list(candidates)
         by_name = {u.name: u for u in candidates}
         down = self._known_down()
         names = [WorkerId(u.name) for u in candidates if u.name not in down]
         if not names:  # every candidate looks down to the registry: rank them anyway
             names, down = [WorkerId(u.name) for u in candidates], set()
+        plan = self._plan(request, names)
+        ranked = [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
+        return ranked + [u for u in candidates if u.name in down]  # last resort
+
+    def _plan(self, request: UpstreamRequest, names: Sequence[WorkerId]) -> RoutePlan:
+        """The router's plan over ``names``; its first choice recorded as dispatched."""
         key = routing_key_of(request)
         if request.prompt_token_ids is not None:
             plan = self.router.plan(request.prompt_token_ids, request.salt, key, only=names)
@@ -87,8 +97,7 @@ class RoutingHook:
         if plan.choices:
             self.router.dispatched(request.request_id, plan, plan.choices[0].worker_id)
             self._remember(request.request_id, plan)
-        ranked = [by_name[c.worker_id] for c in plan.choices if c.worker_id in by_name]
-        return ranked + [u for u in candidates if u.name in down]  # last resort
+        return plan
 
     def _plan_text(
         self, request: UpstreamRequest, key: str, names: Sequence[WorkerId]

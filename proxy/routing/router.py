@@ -13,6 +13,12 @@ Use from the proxy, per request::
 Workers that publish KV events are looked up in the :class:`PreciseIndex`; others in
 the :class:`ApproxIndex` (what was sent where). Blocks sent to any worker within the
 last ``recent_ttl_s`` also count, covering the lag before its events arrive.
+
+With one candidate there is nothing to choose: the plan skips the policy and the load
+figures, and keeps what the bookkeeping needs (the prompt's blocks, the worker's
+predicted cached tokens for its pending load and calibration, the popularity counts).
+Requests never closed are forgotten after ``inflight_ttl_s``, looked for at most once
+every ``EXPIRY_CHECK_S``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from proxy.routing.index import ApproxIndex, PreciseIndex
 from proxy.routing.policy import Policy
 from proxy.routing.popularity import PrefixPopularity
 from proxy.routing.types import Candidate, RouteChoice, RouteRequest, WorkerId, WorkerLoad
+
+EXPIRY_CHECK_S = 1.0  # how often in-flight requests past inflight_ttl_s are looked for
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class PrefixRouter:
         self._pending: dict[WorkerId, int] = {}
         self._inflight_ttl = inflight_ttl_s
         self._event_workers: set[WorkerId] = set()
+        self._next_expiry_check = 0.0
 
     def rank(
         self,
@@ -127,6 +136,8 @@ class PrefixRouter:
     ) -> RoutePlan:
         """Rank the healthy workers for a prompt given as block hashes. With ``only``,
         rank exactly those workers (ones the source does not know get zero load)."""
+        if only is not None and len(only) == 1:
+            return self._plan_one(block_hashes, num_prompt_tokens, only[0])
         common = self.popularity.common_blocks(block_hashes)
         self.popularity.observe(block_hashes)
         request = RouteRequest(num_prompt_tokens, self.block_size, routing_key, common)
@@ -141,6 +152,26 @@ class PrefixRouter:
             RouteChoice(worker_id, request.cached_tokens(cached[worker_id])) for worker_id in order
         )
         return RoutePlan(tuple(block_hashes), num_prompt_tokens, choices)
+
+    def _plan_one(self, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
+                  worker_id: WorkerId) -> RoutePlan:
+        """:meth:`plan_blocks` for a single candidate: the same plan (its predicted cached
+        tokens as :meth:`candidates` would count them), without scoring."""
+        self.popularity.observe(block_hashes)
+        self._expire_inflight()
+        events = any(s.worker_id == worker_id and s.kv_events
+                     for s in self._workers.healthy_workers())
+        self._event_workers = {worker_id} if events else set()
+        cached_blocks = 0
+        if block_hashes:
+            index = self.precise if events else self.approx
+            cached_blocks = index.match(block_hashes, (worker_id,))[worker_id]
+            if events and self._recent is not None:
+                recent = self._recent.match(block_hashes, (worker_id,))[worker_id]
+                cached_blocks = max(cached_blocks, recent)
+        cached_tokens = min(cached_blocks * self.block_size, num_prompt_tokens)
+        return RoutePlan(tuple(block_hashes), num_prompt_tokens,
+                         (RouteChoice(worker_id, cached_tokens),))
 
     def candidates(
         self, block_hashes: Sequence[BlockHash], statuses: Sequence[WorkerStatus]
@@ -237,7 +268,11 @@ class PrefixRouter:
         """Forget requests the proxy never closed (a bug elsewhere must not skew load)."""
         if not self._inflight:
             return
-        cutoff = self._clock() - self._inflight_ttl
+        now = self._clock()
+        if now < self._next_expiry_check:
+            return
+        self._next_expiry_check = now + EXPIRY_CHECK_S
+        cutoff = now - self._inflight_ttl
         oldest = next(iter(self._inflight.values()))
         if oldest.started_at >= cutoff:
             return

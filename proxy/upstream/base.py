@@ -29,6 +29,9 @@ class UpstreamRequest:
     # ``body`` itself (requests built outside the gateway).
     parsed: OpenAIRequest | None = None
     kv_share: KVShare | None = None  # the tenant's share of a kvtoll worker's prefix cache
+    # The client asked for one whole response (``stream`` false): an upstream that
+    # ``answers_whole`` (HTTP) asks its server for one too (see :func:`answers_whole`).
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,14 @@ class ReportsUsageProblems(Protocol):
     (:mod:`proxy.upstream.usage_report`)."""
 
     def usage_problem(self) -> str | None: ...
+
+
+def answers_whole(upstream: object) -> bool:
+    """Whether ``upstream`` answers a :attr:`~UpstreamRequest.whole` request in one piece
+    (its first item comes only once the answer is complete, so the gateway's wait for it
+    is the whole-response timeout, not the first-byte one): an ``answers_whole``
+    attribute, false when absent (streaming upstreams: in-process engine, test fakes)."""
+    return getattr(upstream, "answers_whole", False) is True
 
 
 class Upstream(Protocol):

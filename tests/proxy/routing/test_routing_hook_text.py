@@ -90,3 +90,19 @@ def test_a_conversation_sticks_to_its_worker_and_tenants_do_not_share() -> None:
         assert router.predicted_cached_tokens("s") == 0
 
     asyncio.run(scenario())
+
+
+def test_a_single_candidate_is_returned_and_its_request_still_tracked() -> None:
+    router = PrefixRouter(make_policy("cache_aware"), NoEventsSource(), block_size=4)
+    hook = RoutingHook(router)
+    only = NamedUpstream("vllm-b")
+    long_turn = [{"role": "user", "content": "tell me about the weather in Paris " * 4}]
+    first = _chat("r1", long_turn, b"s" * 16)
+    assert hook.rank([only], first) == [only]
+    assert router.inflight_worker("r1") == "vllm-b" and router.pending_tokens(WorkerId("vllm-b"))
+    hook.started(only, first)
+    hook.release(only, first, UpstreamUsage(10, 1))
+    assert router.inflight_worker("r1") is None
+    # what was sent is in the approximate index: the same prompt now predicts a hit
+    assert hook.rank([only], _chat("r2", long_turn, b"s" * 16)) == [only]
+    assert router.predicted_cached_tokens("r2")

@@ -9,7 +9,7 @@ from engine.api import KVEvent, KVEventKind
 from engine.kv.hashing import TenantSalt, hash_prompt_blocks
 from proxy.routing.calibration import CalibrationStats
 from proxy.routing.policy import make_policy
-from proxy.routing.router import PrefixRouter, WorkerStatus
+from proxy.routing.router import EXPIRY_CHECK_S, PrefixRouter, WorkerStatus
 from proxy.routing.types import WorkerId, WorkerLoad
 
 BS = 16
@@ -148,3 +148,61 @@ def test_metrics_collector_exports_the_prediction_error_histogram() -> None:
     assert 'kvtoll_router_prediction_error_tokens_bucket{le="64.0"} 1.0' in text
     assert "kvtoll_router_prediction_error_tokens_sum 32.0" in text
     assert "kvtoll_router_prediction_signed_error_tokens_total 32.0" in text
+
+
+def _routers(kv_events: bool) -> tuple[PrefixRouter, PrefixRouter]:
+    """Two routers fed the same history: one ranks a single candidate (the fast path),
+    the other ranks it beside a second worker (the scoring path)."""
+    routers = (PrefixRouter(make_policy("cache_aware"), StaticSource(kv_events), BS),
+               PrefixRouter(make_policy("cache_aware"), StaticSource(kv_events), BS))
+    for router in routers:
+        store(router, W[0], list(range(64)), SALT_A)  # precise: 4 blocks on w0
+        plan = router.plan(list(range(48)), SALT_A, only=[W[0], W[1]])
+        router.dispatched("sent", plan, W[0])  # approx and recent: 3 blocks sent to w0
+        router.completed("sent", 48)
+    return routers
+
+
+def test_a_single_candidate_is_planned_as_the_scoring_path_would() -> None:
+    for kv_events in (True, False):
+        one, many = _routers(kv_events)
+        for prompt in ([], list(range(10)), list(range(100)), list(range(40))):
+            single = one.plan(prompt, SALT_A, only=[W[0]])
+            scored = many.plan(prompt, SALT_A, only=[W[0], W[1]])
+            assert single.block_hashes == scored.block_hashes
+            assert single.choices == tuple(c for c in scored.choices if c.worker_id == W[0])
+        unknown = one.plan(list(range(100)), SALT_A, only=[WorkerId("elsewhere")])
+        assert unknown.choices[0].predicted_cached_tokens == 0
+
+
+def test_a_single_candidate_keeps_the_load_and_index_bookkeeping() -> None:
+    for kv_events in (True, False):
+        one, many = _routers(kv_events)
+        prompt = list(range(200, 300))
+        for router, only in ((one, [W[2]]), (many, [W[2], W[1]])):
+            plan = router.plan(prompt, SALT_A, only=only)
+            router.dispatched("r", plan, W[2])
+        assert one.pending_tokens(W[2]) == many.pending_tokens(W[2]) == 100
+        one.first_token("r")
+        assert one.pending_tokens(W[2]) == 0
+        one.completed("r", 0)
+        # what was sent to w2 now predicts its cache (approx index, or recent blocks)
+        again = one.plan(prompt, SALT_A, only=[W[2]])
+        assert again.choices[0].predicted_cached_tokens == 96
+
+
+def test_unclosed_requests_expire_at_most_once_per_check_interval() -> None:
+    now = [0.0]
+    router = PrefixRouter(make_policy("cache_aware"), StaticSource(), BS,
+                          inflight_ttl_s=0.1, clock=lambda: now[0])
+    router.dispatched("lost", router.plan(list(range(32)), SALT_A), W[0])
+    now[0] = 0.2
+    router.plan([], SALT_A)  # checked: "lost" is past its ttl
+    assert router.inflight_worker("lost") is None and router.pending_tokens(W[0]) == 0
+    router.dispatched("lost2", router.plan(list(range(32)), SALT_A, only=[W[0]]), W[0])
+    now[0] = 0.2 + EXPIRY_CHECK_S / 2
+    router.plan([], SALT_A, only=[W[0]])  # past its ttl, but checked too recently
+    assert router.inflight_worker("lost2") == W[0]
+    now[0] = 0.2 + EXPIRY_CHECK_S
+    router.plan([], SALT_A, only=[W[0]])  # the single-candidate path checks as well
+    assert router.inflight_worker("lost2") is None and router.pending_tokens(W[0]) == 0

@@ -109,6 +109,7 @@ def scripted_server(script: Script) -> FastAPI:
         if script.status != 200:
             return JSONResponse(script.error_body, status_code=script.status)
         if script.whole_json is not None:
+            await asyncio.sleep(script.delay_s)  # silent until the whole answer is ready
             return JSONResponse(script.whole_json)
         return StreamingResponse(frames(), media_type="text/event-stream")
 
