@@ -228,14 +228,16 @@ def _build_state(
                                       every_s=config.progress_every_s)
     intake = Intake(config, authenticator, limiter, PromptCounter(parts.tokenizer), metrics,
                     models=models, context_len=parts.context_len, budgets=parts.budgets)
+    pusher = _share_pusher(settings, config, session_factory, pool)
     gateway = Gateway(pool=pool, meter=meter, metrics=metrics, config=config,
                       server_secret=settings.server_secret(), tokenizer=parts.tokenizer,
                       semantic=parts.semantic, router=parts.router, budgets=parts.budgets,
-                      progress=progress)
+                      progress=progress, shares=pusher)
     return ProxyState(settings=settings, config=config, session_factory=session_factory,
                       metrics=metrics, intake=intake, gateway=gateway, pool=pool, meter=meter,
                       outbox=outbox, limiter=limiter, models=tuple(models),
-                      probes=_probes(settings, config, session_factory), progress=progress)
+                      probes=_probes(settings, config, session_factory), progress=progress,
+                      share_pusher=pusher)
 
 
 def _probes(settings: Settings, config: ProxyConfig,
@@ -284,7 +286,7 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
         asyncio.create_task(state.pool.run_health_checks(config.health_check_interval_s,
                                                          config.worker_probe_min_s)),
         asyncio.create_task(state.probes.run()),
-        asyncio.create_task(_share_pusher(state).run()),
+        asyncio.create_task(state.share_pusher.run()),
     ]
     try:
         yield
@@ -303,16 +305,17 @@ async def _running(state: ProxyState) -> AsyncIterator[None]:
         state.progress.close()
 
 
-def _share_pusher(state: ProxyState) -> KVSharePusher:
-    """The task that keeps the workers' tenant KV shares in step with the database."""
-    factory = state.session_factory
+def _share_pusher(settings: Settings, config: ProxyConfig,
+                  factory: sessionmaker[Session], pool: UpstreamPool) -> KVSharePusher:
+    """What keeps the workers' tenant KV shares in step with the database (its task runs
+    while the app does; the gateway reads each request's share from it)."""
 
     def read() -> list[TenantKVPolicy]:
         with factory() as session:
             return accounts.kv_policies(session)
 
-    return KVSharePusher(read, state.pool, state.settings.server_secret(),
-                         interval_s=state.config.kv_share_push_interval_s)
+    return KVSharePusher(read, pool, settings.server_secret(),
+                         interval_s=config.kv_share_push_interval_s)
 
 
 def _bill_cut_streams(state: ProxyState) -> None:

@@ -14,7 +14,11 @@ an upstream that answers 404 or 501 (not a kvtoll worker) is not asked again.
 
 A change therefore reaches every worker within ``interval_s`` plus a database read
 and a push (measured by bench/policy_propagation.py), independent of traffic. Shares
-still travel with each request too (``kvtoll_kv_share``), which wins at that moment.
+still travel with each request too (``kvtoll_kv_share``), which wins at that moment:
+:func:`request_share` takes that share from this table's last reading (at most
+``interval_s`` old) where it has the tenant, and from the key's cached policy (up to
+the auth cache's TTL old) only where it does not, so a request never puts back a
+share older than the one just pushed.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from billing.accounts import TenantKVPolicy
-from engine.kv.hashing import derive_tenant_salt
+from billing.accounts import KeyIdentity, TenantKVPolicy
+from engine.api import KVShare
+from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from proxy.pool import UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,12 @@ class KVSharePusher:
         self._known.update(current)
         return tuple((salt, *self._known[salt]) for salt in sorted(self._known))
 
+    def share_of(self, salt: TenantSalt) -> tuple[int, int | None] | None:
+        """The tenant's (reserved, max) blocks as last read, or None if this gateway has
+        read no non-default share for it since it started."""
+        known = self._known.get(salt.hex())
+        return None if known is None else (known[1], known[2])
+
     async def tick(self) -> None:
         """One read and, where due, one push per worker (concurrently)."""
         policies = await asyncio.to_thread(self._read)
@@ -123,3 +134,13 @@ class KVSharePusher:
             except Exception:
                 log.exception("reading or pushing the KV share table failed")
             await asyncio.sleep(self.interval_s)
+
+
+def request_share(
+    identity: KeyIdentity, salt: TenantSalt, pusher: KVSharePusher | None
+) -> KVShare:
+    """The share a request carries (module doc): the pushed table's where it has the
+    tenant, else the key's cached policy."""
+    pushed = None if pusher is None else pusher.share_of(salt)
+    reserved, cap = pushed or (identity.kv_reserved_blocks, identity.kv_max_blocks)
+    return KVShare(identity.tenant_name, reserved, cap)

@@ -44,7 +44,7 @@ import anyio
 
 from billing.ledger import LedgerEntry
 from billing.models import RequestStatus, ServedBy, TenantId
-from engine.api import KVShare, Tokenizer
+from engine.api import Tokenizer
 from engine.kv.hashing import TenantSalt, derive_tenant_salt
 from kvtoll.openai.errors import OpenAIError
 from proxy.budget import BudgetGuard
@@ -53,6 +53,7 @@ from proxy.config import ProxyConfig
 from proxy.flight import Flight, billable_tokens, journal_progress, ledger_entry
 from proxy.hooks import RouterHook, SemanticCacheHook
 from proxy.intake import Prepared
+from proxy.kv_policy_push import KVSharePusher, request_share
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
@@ -98,8 +99,10 @@ class Gateway:
         router: RouterHook | None = None,
         budgets: BudgetGuard | None = None,
         progress: ProgressJournal | None = None,
+        shares: KVSharePusher | None = None,
     ) -> None:
         self._pool = pool
+        self._shares = shares
         self._progress = progress
         self._budgets = budgets
         self._meter = meter
@@ -163,12 +166,11 @@ class Gateway:
         self, prep: Prepared, endpoint: str, query: SemanticQuery | None,
         probe: SemanticProbe | None = None,
     ) -> Reply:  # fmt: skip
+        salt = self._salt(prep.identity.tenant_id)
         request = UpstreamRequest(
             request_id=prep.request_id, kind=prep.kind, model=prep.model, body=prep.body,
-            salt=self._salt(prep.identity.tenant_id),
-            prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
-            kv_share=KVShare(prep.identity.tenant_name, prep.identity.kv_reserved_blocks,
-                             prep.identity.kv_max_blocks),
+            salt=salt, prompt_token_ids=prep.prompt.token_ids, parsed=prep.request,
+            kv_share=request_share(prep.identity, salt, self._shares),
             whole=not prep.request.stream,
         )
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.ENGINE,

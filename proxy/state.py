@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kvtoll.settings import Settings
 from proxy.config import ProxyConfig
 from proxy.intake import Intake
+from proxy.kv_policy_push import KVSharePusher
 from proxy.metering import Meter
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
@@ -34,3 +35,4 @@ class ProxyState:
     models: tuple[str, ...]
     probes: DependencyProbes
     progress: ProgressJournal
+    share_pusher: KVSharePusher

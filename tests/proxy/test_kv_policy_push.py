@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 
 from billing import accounts
-from billing.accounts import TenantKVPolicy
+from billing.accounts import KeyIdentity, TenantKVPolicy
 from billing.db import make_engine, session_factory
 from billing.migrate import upgrade
-from billing.models import TenantId
+from billing.models import ApiKeyId, TenantId
+from engine.api import KVShare
 from engine.config import EngineConfig
 from engine.factory import build_engine
 from engine.kv.hashing import derive_tenant_salt
 from engine.serving.app import build_worker_app
 from kvtoll.server import serve_in_background
-from proxy.kv_policy_push import KVSharePusher
+from proxy.kv_policy_push import KVSharePusher, request_share
 from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.upstream.http import HttpUpstream, HttpUpstreamConfig
@@ -93,6 +94,33 @@ async def test_pushes_on_change_and_every_refresh_and_resets_a_dropped_tenant() 
     clock.now += 0.1  # refresh_s since the last accepted push: a restarted worker gets it
     await pusher.tick()
     assert len(w1.pushes) == 3 and w1.pushes[-1] == expected
+
+
+def _identity(tenant_id: int, name: str, reserved: int, cap: int | None) -> KeyIdentity:
+    return KeyIdentity(ApiKeyId("key-1"), TenantId(tenant_id), name, None, None, None, False,
+                       reserved, cap)  # fmt: skip
+
+
+async def test_a_request_carries_the_pushed_share_not_an_older_cached_one() -> None:
+    """The key's policy may be cached for the auth TTL (seconds); the table is read every
+    interval: where the table has the tenant, its reading wins, so a request never puts
+    back on a worker a share older than the pushed one."""
+    clock = _Clock()
+    table = [[TenantKVPolicy(TenantId(1), "acme", 8, 16)]]
+    pusher = _pusher([_Worker("w1")], table, clock)
+    salt_1, salt_2 = (derive_tenant_salt(SECRET, t) for t in (1, 2))
+    stale = _identity(1, "acme", 2, None)  # the policy as the auth cache last saw it
+    assert request_share(stale, salt_1, pusher) == KVShare("acme", 2, None)  # nothing read
+    await pusher.tick()
+    assert pusher.share_of(salt_1) == (8, 16)
+    assert request_share(stale, salt_1, pusher) == KVShare("acme", 8, 16)
+    table[0] = []  # acme set back to the default
+    await pusher.tick()
+    assert request_share(stale, salt_1, pusher) == KVShare("acme", 0, None)
+    bolt = _identity(2, "bolt", 3, 5)  # a tenant the table never had: the key's policy
+    assert pusher.share_of(salt_2) is None
+    assert request_share(bolt, salt_2, pusher) == KVShare("bolt", 3, 5)
+    assert request_share(bolt, salt_2, None) == KVShare("bolt", 3, 5)
 
 
 async def test_a_failed_push_is_retried_and_a_non_kvtoll_upstream_is_left_alone() -> None:
