@@ -214,8 +214,10 @@ class Scheduler:
 
     def step_tenants(self, out: SchedulerOutput) -> set[TenantSalt | None]:
         """The tenants with work in ``out``, which another tenant's interjection may
-        enter (empty: nothing may, run it whole)."""
-        if self.short_prefill_tokens <= 0 or not self.fair.config.enabled:
+        enter (empty: nothing may, run it whole; so while only one tenant has worked
+        recently, :mod:`engine.tenant_fair` rule 3)."""
+        if (self.short_prefill_tokens <= 0 or not self.fair.config.enabled
+                or self.fair.num_tenants < 2):
             return set()
         return {s.seq.salt for s in out.scheduled}
 

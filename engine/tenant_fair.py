@@ -46,6 +46,10 @@ Algorithm
 
    at most ``max_interjected_tokens`` tokens in all per running step. A short
    request's wait for a running step is then one layer of it (~1/30), not the step.
+   Steps are staged only while at least two tenants have a usage counter (work
+   within the last few half-lives): a worker serving one tenant runs every step
+   whole, as before (a layer-at-a-time step cost it 1-2% of its throughput), and a
+   second tenant's first request waits for the running step like any other.
 
 Parameters (:class:`FairnessConfig`): ``enabled`` (False: arrival order, no
 interjection: the scheduler of before), ``half_life_tokens`` (8192),
@@ -98,6 +102,11 @@ class TenantUsage:
 
     def usage(self, tenant: Hashable) -> float:
         return self._usage.get(tenant, 0.0)
+
+    @property
+    def num_tenants(self) -> int:
+        """Tenants with a usage counter (they computed tokens recently)."""
+        return len(self._usage)
 
     def account(self, computed: Iterable[tuple[Hashable, int]]) -> None:
         """A step ran: ``(tenant, tokens computed)`` per scheduled sequence (1 token =

@@ -205,20 +205,39 @@ def test_one_tenant_never_interjects_into_its_own_long_step(tiny_model: LoadedMo
     engine.add_request(GenerationRequest("long", _prompt(1, 200), GREEDY, A))
     out = engine.scheduler.schedule()
     hooks = _Hooks(engine, [GenerationRequest("hit", (*stem, 5), GREEDY, A)])
+    engine.execute(out, hooks)  # one tenant has worked: the step runs whole, no poll
+    assert hooks.events == [] and engine.num_interjections == 0
+    assert engine.scheduler.fair.num_tenants == 1
+
+
+def test_a_second_tenants_first_request_waits_for_the_step(tiny_model: LoadedModel) -> None:
+    """Staging starts once two tenants have worked: until then a newcomer's request
+    comes in between steps, like any request (a single-tenant worker never pays for
+    a layer-at-a-time step)."""
+    engine = _engine(tiny_model)
+    engine.add_request(GenerationRequest("b", _prompt(1, 200), GREEDY, B))
+    _batch(engine)
+    out = engine.scheduler.schedule()
+    assert engine.scheduler.step_tenants(out) == set()
+    hooks = _Hooks(engine, [GenerationRequest("a", _prompt(2, 5), GREEDY, A)])
     engine.execute(out, hooks)
-    assert hooks.events == [("poll", "")] and engine.num_interjections == 0
-    assert [s.request_id for s in engine.scheduler.waiting] == ["hit"]
+    assert hooks.events == [] and engine.num_interjections == 0  # a never came in mid-step
+    engine.add_request(GenerationRequest("a", _prompt(2, 5), GREEDY, A))  # between steps
+    assert ("a", 0, 5) in _batch(engine)  # beside b's chunk: both tenants have worked
+    assert engine.scheduler.fair.num_tenants == 2
+    assert engine.scheduler.step_tenants(engine.scheduler.schedule())  # staged from now on
 
 
 def test_an_uncached_request_of_a_lighter_tenant_waits_for_the_step(
     tiny_model: LoadedModel,
 ) -> None:
     engine = _engine(tiny_model)
+    _warm_a(engine, _prompt(3, 4))  # A has worked a little: two tenants, steps are staged
     engine.add_request(GenerationRequest("b", _prompt(1, 200), GREEDY, B))
     _batch(engine)
     out = engine.scheduler.schedule()
     hooks = _Hooks(engine, [GenerationRequest("a", _prompt(2, 40), GREEDY, A)])  # 40 > 8
-    assert engine.scheduler.fair.usage(B) > engine.scheduler.fair.usage(A) == 0
+    assert engine.scheduler.fair.usage(B) > engine.scheduler.fair.usage(A) > 0
     engine.execute(out, hooks)
     assert engine.num_interjections == 0
     assert [s.request_id for s in engine.scheduler.waiting] == ["a"]  # a normal step's work
