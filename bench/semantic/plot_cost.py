@@ -44,6 +44,7 @@ def plot_cost(scale: Sequence[dict[str, Any]], http: Sequence[dict[str, Any]],
         right.text(x, value, f"{value:.0f}", ha="center", va="bottom", fontsize=8)
     right.axhline(300.0, color="grey", linestyle="--", linewidth=1)
     right.set_ylabel("semantic hits/s over HTTP (goal 300)")
+    right.tick_params(axis="x", labelsize=7, labelrotation=15)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
