@@ -12,10 +12,11 @@ weights, the threshold and the recall-first similarity floor, all fitted on the
   fitted on the calib pairs scored as the cache scores them (query ``text_b`` against
   cached ``text_a``), the train half of the hand-written cases (``--hand-weight``) and
   template near-misses of calib questions (:func:`bench.cross_encoder_data.hard_negatives`);
-* ``min_similarity``: the index cosine that keeps ``--min-sim-recall`` of the calib
-  duplicates (rounded down to 0.01);
+* ``min_similarity``: the index cosine (the pair encoder is the index's embedder, so
+  the tuned cosine) that keeps ``--min-sim-recall`` of the calib duplicates (rounded
+  down to 0.01);
 * ``threshold``: per query, as the cache decides: every ``text_a`` of the file stored,
-  each calib ``text_b`` finds its ``--candidates`` nearest (exact cosine), those above the
+  each calib ``text_b`` finds its ``--candidates`` nearest (exact tuned cosine), those above the
   floor are scored, the best is served when it reaches the threshold; the lowest
   threshold whose served calib queries reach ``--target-precision`` (at least 50 of
   them), else the lowest whose calib *pairs* reach ``--pairwise-target``.
@@ -57,7 +58,7 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.semantic.evaluate import embed_cached
     from bench.semantic_train import Example, fit_weights
-    from proxy.semantic.embedder import SentenceTransformerEmbedder, bundled_model_path
+    from proxy.semantic.embedder import SentenceTransformerEmbedder, bundled_model_path, embed_many
     from proxy.semantic.verifier import LogisticVerifier, exact_repeat
 
     torch.set_num_threads(args.threads)
@@ -71,17 +72,17 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     rows = [pairs[i] for i in calib]
     labels = np.asarray([p.label for p in rows], dtype=np.int64)
 
-    embedder = SentenceTransformerEmbedder()
-    stored = embed_cached(embedder, [p.text_a for p in pairs], args.vectors_cache)
-    asked = embed_cached(embedder, [p.text_b for p in rows], args.vectors_cache)
-    own_base = np.sum(stored[calib] * asked, axis=1)
-    floor = similarity_floor(own_base, labels, args.min_sim_recall)
+    base = SentenceTransformerEmbedder()
+    own_base = np.sum(embed_cached(base, [p.text_a for p in rows], args.vectors_cache)
+                      * embed_cached(base, [p.text_b for p in rows], args.vectors_cache), axis=1)
+    draft = PairEncoderConfig(bert, int(ckpt.get("max_len", 64)), 0.0, {})
+    model = PairEncoder(draft, arrays)
+    stored = embed_cached(model, [p.text_a for p in pairs], args.vectors_cache)
+    asked = embed_cached(model, [p.text_b for p in rows], args.vectors_cache)
+    floor = similarity_floor(np.sum(stored[calib] * asked, axis=1), labels, args.min_sim_recall)
     idx, sim = nearest(stored, asked, args.candidates)
     candidates = [[(int(j), float(s)) for j, s in zip(idx[r], sim[r], strict=True) if s >= floor]
                   for r in range(len(rows))]  # fmt: skip
-
-    draft = PairEncoderConfig(bert, int(ckpt.get("max_len", 64)), floor, {})
-    model = PairEncoder(draft, arrays, memo_size=0)
     hand = [json.loads(line) for line in HARD_CASES.read_text().splitlines() if line.strip()]
     hand = [h for h in hand if h["split"] == "train"]
     questions = sorted({t for p in rows for t in (p.text_a, p.text_b)})
@@ -90,12 +91,13 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
                    | {pairs[j].text_a for cs in candidates for j, _ in cs}
                    | {t for h in hand for t in (h["text_a"], h["text_b"])}
                    | {t for a, b, _ in generated for t in (a, b)})  # fmt: skip
-    row_of = {t: n for n, t in enumerate(texts)}
-    tuned_vectors = np.concatenate([model.embed(texts[s : s + 256])
-                                    for s in range(0, len(texts), 256)])  # fmt: skip
+    known = dict(zip([p.text_a for p in pairs], stored, strict=True))
+    known.update(zip([p.text_b for p in rows], asked, strict=True))
+    rest = [t for t in texts if t not in known]
+    known.update(zip(rest, embed_many(model, rest), strict=True))
 
     def tuned(a: str, b: str) -> float:
-        return float(tuned_vectors[row_of[a]] @ tuned_vectors[row_of[b]])
+        return float(known[a] @ known[b])
 
     examples = [Example(p.text_b, p.text_a, tuned(p.text_b, p.text_a), p.label, 1.0) for p in rows]
     examples += [Example(h["text_b"], h["text_a"], tuned(h["text_b"], h["text_a"]),

@@ -3,7 +3,7 @@
 Entries are synthetic questions from templates (distinct, random-ish), embedded with
 the real model and stored through the service; queries are 50/50 reworded stored
 questions and unseen ones, looked up one at a time through the real service
-(embed + HNSW search + verify; ``--verifier``: the cross-encoder by default). Goal:
+(embed + HNSW search + verify; ``--verifier``: the default one, with its own embedder). Goal:
 p99 of the three <= 15 ms.
 
 Peer in the same run: an exact ``IndexFlatIP`` over the same vectors (GPTCache's
@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as ``python bench/<script>.py``: bench/kern
 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from proxy.semantic.embedder import SentenceTransformerEmbedder
+from proxy.semantic.embedder import Embedder, embed_many
 from proxy.semantic.index import FaissIndex, IndexConfig
 from proxy.semantic.keys import CacheKey
 from proxy.semantic.service import SemanticCache, SemanticConfig
@@ -68,13 +68,13 @@ def synthetic_questions(n: int, seed: int = 7) -> list[str]:
 
 
 def embed_entries(
-    embedder: SentenceTransformerEmbedder, texts: list[str], num_real: int
+    embedder: Embedder, texts: list[str], num_real: int
 ) -> np.ndarray:
     """Real embeddings for the first ``num_real`` texts; the rest (when the CPU is too
     busy to embed 100k texts) are mixtures of two real ones plus noise, normalised:
     vectors with the same neighbourhood structure, which is what search cost depends on."""
     num_real = min(num_real, len(texts))
-    real = embedder.embed_batched(texts[:num_real], batch_size=128)
+    real = embed_many(embedder, texts[:num_real], batch_size=128)
     if num_real == len(texts):
         return real
     rng = np.random.default_rng(5)
@@ -86,6 +86,10 @@ def embed_entries(
     )
     mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
     return np.vstack([real, mixed.astype(np.float32)])
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
 def pct(values: list[float]) -> dict[str, float]:
@@ -106,21 +110,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     import faiss
 
     faiss.omp_set_num_threads(1)  # single-query searches: OpenMP only adds contention
-    embedder = SentenceTransformerEmbedder()
+    from proxy.semantic.factory import build_pair, default_verifier
+
+    embedder, verifier = build_pair(args.verifier or default_verifier())
     texts = synthetic_questions(args.entries)
     started = time.perf_counter()
-    if args.vectors_cache and Path(args.vectors_cache).exists():
-        vectors = np.load(args.vectors_cache)
+    cache_path = args.vectors_cache and Path(args.vectors_cache)
+    if cache_path:  # one file per embedder: another model's vectors are never reused
+        cache_path = cache_path.with_name(f"{cache_path.stem}-{_slug(embedder.name)}.npy")
+    if cache_path and cache_path.exists():
+        vectors = np.load(cache_path)
     else:
         vectors = embed_entries(embedder, texts, args.embed_entries)
-        if args.vectors_cache:
-            np.save(args.vectors_cache, vectors)
+        if cache_path:
+            np.save(cache_path, vectors)
     embed_s = time.perf_counter() - started
     store = InMemoryStore(StoreConfig(capacity_per_tenant=args.entries + 10))
     cfg = IndexConfig()
-    from proxy.semantic.factory import build_verifier, default_verifier
-
-    verifier = build_verifier(args.verifier or default_verifier())
     cache = SemanticCache(embedder, store, verifier, SemanticConfig(),
                           index_factory=lambda dim: FaissIndex(dim, cfg))  # fmt: skip
     started = time.perf_counter()
@@ -150,7 +156,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     flat = faiss.IndexFlatIP(vectors.shape[1])
     flat.add(vectors)
-    qvec = embedder.embed_batched(queries)
+    qvec = embed_many(embedder, queries)
     flat_ms: list[float] = []
     agree = 0
     key0 = cache.key_for("scale", body(texts[0]))
@@ -176,6 +182,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ef_search": cfg.ef_search,
         },
         "verifier": args.verifier or default_verifier(),
+        "embedder": embedder.name,
         "hits": sum(1 for r in results if r.hit is not None),
         "lookup_ms": {
             "embed": pct([t.embed_ms for t in timings]),

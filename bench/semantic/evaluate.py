@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.semantic.pair_metrics import forced_queries, precision_views
 from bench.semantic.readings import QueryOutcomes, curve, pairwise, point, wrong_at_hits
-from proxy.semantic.embedder import SentenceTransformerEmbedder
+from proxy.semantic.embedder import Embedder, embed_many
 from proxy.semantic.keys import CacheKey
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
@@ -110,19 +110,19 @@ async def _fill(
 
 
 def embed_cached(
-    embedder: SentenceTransformerEmbedder, texts: list[str], cache_dir: Path | None
+    embedder: Embedder, texts: list[str], cache_dir: Path | None
 ) -> np.ndarray:
-    """``embedder.embed_batched(texts)``, kept in ``cache_dir`` under a digest of the
+    """``embed_many(embedder, texts)``, kept in ``cache_dir`` under a digest of the
     embedder's name and the texts (a re-run on the same file skips the embedding)."""
     if cache_dir is None:
-        return embedder.embed_batched(texts)
+        return embed_many(embedder, texts)
     digest = hashlib.sha1(embedder.name.encode())
     for text in texts:
         digest.update(text.encode() + b"\0")
     path = cache_dir / f"vectors-{digest.hexdigest()[:16]}.npy"
     if path.is_file():
         return np.load(path)
-    vectors = embedder.embed_batched(texts)
+    vectors = embed_many(embedder, texts)
     cache_dir.mkdir(parents=True, exist_ok=True)
     np.save(path, vectors)
     return vectors
@@ -216,11 +216,10 @@ async def run_pair_bench(
     """Fill, query, and summarise (see the module docstring)."""
     import faiss
 
-    from proxy.semantic.factory import build_verifier
+    from proxy.semantic.factory import build_pair
 
     faiss.omp_set_num_threads(1)  # as in the proxy (see factory.build_semantic_cache)
-    embedder = SentenceTransformerEmbedder()
-    inner = build_verifier(verifier)  # type: ignore[arg-type]
+    embedder, inner = build_pair(verifier)  # type: ignore[arg-type]
     recorder = RecordingVerifier(inner)
     store = InMemoryStore(StoreConfig(capacity_per_tenant=max(1, len(pairs))))
     cache = SemanticCache(embedder, store, recorder, SemanticConfig(num_candidates=candidates))
@@ -318,7 +317,7 @@ def _views(pairs: list[Pair], queries: list[int], outcomes: list[str]) -> dict[s
 
 
 def hard_case_report(
-    embedder: SentenceTransformerEmbedder, verifier: Verifier, threshold: float
+    embedder: Embedder, verifier: Verifier, threshold: float
 ) -> dict[str, Any]:
     """The cache's decision on each hand-written hard case held out of training
     (``split == heldout`` in ``bench/semantic/hard_cases.jsonl``): query ``text_b``

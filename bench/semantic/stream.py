@@ -35,7 +35,7 @@ import numpy as np
 
 from bench.semantic.evaluate import Pair
 from proxy.semantic.bound import wilson_interval
-from proxy.semantic.embedder import SentenceTransformerEmbedder, Vectors
+from proxy.semantic.embedder import Embedder, Vectors, embed_many
 from proxy.semantic.keys import CacheKey
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.stats import LookupResult
@@ -126,10 +126,10 @@ class PrecomputedEmbedder:
     """The embedder's vectors computed once for every text of the stream (one batched
     pass), so that both caches see identical vectors without embedding twice."""
 
-    def __init__(self, inner: SentenceTransformerEmbedder, texts: Sequence[str]) -> None:
+    def __init__(self, inner: Embedder, texts: Sequence[str]) -> None:
         self._inner = inner
         unique = list(dict.fromkeys(texts))
-        vectors = inner.embed_batched(unique)
+        vectors = embed_many(inner, unique)
         self._vectors = {t: vectors[i] for i, t in enumerate(unique)}
 
     @property
@@ -214,10 +214,10 @@ async def run_stream_bench(pairs: list[Pair], config: StreamConfig) -> dict[str,
 
     faiss.omp_set_num_threads(1)
     stream = build_stream(pairs, config.repeat_rate, config.seed)
-    embedder = PrecomputedEmbedder(SentenceTransformerEmbedder(), stream)
-    from proxy.semantic.factory import build_verifier, default_verifier
+    from proxy.semantic.factory import build_pair, default_verifier
 
-    verifier = build_verifier(config.verifier or default_verifier())  # type: ignore[arg-type]
+    inner, verifier = build_pair(config.verifier or default_verifier())  # type: ignore[arg-type]
+    embedder = PrecomputedEmbedder(inner, stream)
     oracle = Oracle(pairs)
     store_config = StoreConfig(capacity_per_tenant=max(1, len(stream)))
 

@@ -151,12 +151,17 @@ class SentenceTransformerEmbedder:
 
     def embed_batched(self, texts: Sequence[str], batch_size: int = 64) -> Vectors:
         """Embed many texts (length-sorted batches, original order kept)."""
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out = np.zeros((len(texts), self._dim), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            out[idx] = self.embed([texts[i] for i in idx])
-        return out
+        return embed_many(self, texts, batch_size)
+
+
+def embed_many(embedder: Embedder, texts: Sequence[str], batch_size: int = 64) -> Vectors:
+    """``embedder``'s vectors of many texts, in length-sorted batches (original order)."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = np.zeros((len(texts), embedder.dim), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        out[idx] = embedder.embed([texts[i] for i in idx])
+    return out
 
 
 def _trace(bert: Any, tokenizer: Any) -> Any:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from proxy.semantic.embedder import EmbedderSpec, SentenceTransformerEmbedder
+from proxy.semantic.embedder import Embedder, EmbedderSpec, SentenceTransformerEmbedder
 from proxy.semantic.index import FaissIndex, IndexConfig
-from proxy.semantic.redis_store import RedisStore
+from proxy.semantic.redis_store import DEFAULT_PREFIX, RedisStore
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.store import EntryStore, InMemoryStore, StoreConfig
 from proxy.semantic.verifier import (
     LogisticVerifier,
     Verifier,
+    check_pairing,
     load_cross_encoder_verifier,
     load_weights,
 )
@@ -39,13 +40,32 @@ def default_verifier() -> VerifierChoice:
     return "pair-encoder" if is_shipped() else "logistic"
 
 
-def build_verifier(choice: VerifierChoice = "pair-encoder") -> Verifier:
-    """The shipped verifier named ``choice``: the pair encoder (a fine-tuned second
-    encoder re-scores the index's candidates), the cross-encoder (reads both texts
-    together) or the logistic one (features only, cheapest)."""
+def build_embedder(choice: VerifierChoice, spec: EmbedderSpec | None = None) -> Embedder:
+    """The embedder ``choice``'s verifier was fitted on: the pair encoder for its own
+    verifier (its cosine is the verifier's main feature, so one forward per lookup
+    serves both the index and the verifier), base all-MiniLM-L6-v2 (``spec``) for the
+    cross-encoder and the logistic verifier, whose floors and weights read its cosine."""
     if choice == "pair-encoder":
-        from proxy.semantic.pair_verifier import load_pair_encoder_verifier
+        if spec is not None:
+            raise ValueError("an EmbedderSpec configures the base MiniLM embedder only")
+        from proxy.semantic.pair_encoder import load_pair_encoder
 
+        return load_pair_encoder()
+    return SentenceTransformerEmbedder(spec)
+
+
+def build_verifier(choice: VerifierChoice = "pair-encoder", embedder: Embedder | None = None
+                   ) -> Verifier:  # fmt: skip
+    """The shipped verifier named ``choice``: the pair encoder's (guard features stacked
+    on the tuned cosine the index hands over; ``embedder``: the loaded pair encoder, to
+    read its config without loading the weights again), the cross-encoder (reads both
+    texts together) or the logistic one (features only, cheapest)."""
+    if choice == "pair-encoder":
+        from proxy.semantic.pair_encoder import PairEncoder
+        from proxy.semantic.pair_verifier import PairEncoderVerifier, load_pair_encoder_verifier
+
+        if isinstance(embedder, PairEncoder):
+            return PairEncoderVerifier(embedder.config, embedder.name)
         return load_pair_encoder_verifier()
     if choice == "cross-encoder":
         return load_cross_encoder_verifier()
@@ -54,8 +74,17 @@ def build_verifier(choice: VerifierChoice = "pair-encoder") -> Verifier:
     raise ValueError(f"unknown verifier {choice!r}; choose one of {', '.join(VERIFIER_CHOICES)}")
 
 
+def build_pair(choice: VerifierChoice, spec: EmbedderSpec | None = None
+               ) -> tuple[Embedder, Verifier]:  # fmt: skip
+    """The embedder and the verifier of ``choice``, checked to belong together."""
+    embedder = build_embedder(choice, spec)
+    verifier = build_verifier(choice, embedder)
+    check_pairing(embedder.name, verifier)
+    return embedder, verifier
+
+
 def build_store(
-    redis_url: str | None, config: StoreConfig | None = None, *, redis_prefix: str = "kvtoll:sem:"
+    redis_url: str | None, config: StoreConfig | None = None, *, redis_prefix: str = DEFAULT_PREFIX
 ) -> EntryStore:
     """Redis when a URL is given (shared by replicas), otherwise in-process."""
     if redis_url:
@@ -70,10 +99,11 @@ def build_semantic_cache(
     store_config: StoreConfig | None = None,
     embedder_spec: EmbedderSpec | None = None,
     index_config: IndexConfig | None = None,
-    redis_prefix: str = "kvtoll:sem:",
+    redis_prefix: str = DEFAULT_PREFIX,
     verifier: VerifierChoice | None = None,
 ) -> SemanticCache:
-    """The full service: MiniLM embedder, FAISS per partition, the shipped ``verifier``.
+    """The full service: the ``verifier``'s embedder (:func:`build_embedder`), FAISS per
+    partition, the shipped ``verifier``.
 
     Sets FAISS's OpenMP pool to one thread (process-wide): lookups search one vector
     at a time, where extra threads only add contention with the rest of the proxy."""
@@ -82,12 +112,12 @@ def build_semantic_cache(
     faiss.omp_set_num_threads(1)
     config = config or SemanticConfig()
     store_config = store_config or StoreConfig(ttl_s=config.ttl_s)
-    embedder = SentenceTransformerEmbedder(embedder_spec)
+    embedder, chosen = build_pair(verifier or default_verifier(), embedder_spec)
     index_cfg = index_config or IndexConfig()
     return SemanticCache(
         embedder=embedder,
         store=build_store(redis_url, store_config, redis_prefix=redis_prefix),
-        verifier=build_verifier(verifier or default_verifier()),
+        verifier=chosen,
         config=config,
         index_factory=lambda dim: FaissIndex(dim, index_cfg),
     )

@@ -4,7 +4,10 @@
 :meth:`Follower.sync` applies the changes other replicas made since (the store's
 change feed); :meth:`Follower.run` does that in a loop, sweeping expired entries every
 ``sweep_interval_s``; a store failure counts in ``stats.store_errors`` and the loop
-waits a second before it tries again.
+waits a second before it tries again. Only entries whose vector this process's embedder
+wrote (``CacheEntry.embedder == embedder``) are mirrored: a replica running another
+model (or an entry from before the field) is skipped and counted in
+``stats.other_embedder``, so two models' vectors never meet in one index.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from proxy.semantic.store import ChangeEvent, EntryId, EntryStore
 class Follower:
     """Mirror upkeep for one :class:`~proxy.semantic.service.SemanticCache`."""
 
-    def __init__(self, store: EntryStore, mirror: Mirror, stats: SemanticStats) -> None:
+    def __init__(self, store: EntryStore, mirror: Mirror, stats: SemanticStats, embedder: str
+                 ) -> None:  # fmt: skip
         self._store = store
+        self._embedder = embedder
         self._mirror = mirror
         self._stats = stats
         self._cursor: str | None = None
@@ -40,15 +45,20 @@ class Follower:
         elif event.op == "delete" and event.entry_id is not None:
             self._mirror.remove(event.entry_id)
         elif event.op == "put" and event.entry_id and event.partition and event.vector is not None:
+            if event.embedder != self._embedder:
+                self._stats.other_embedder += 1
+                return
             self.add(event.entry_id, event.tenant_id, event.partition, event.prompt, event.vector)
 
     async def load(self) -> int:
-        """Rebuild the mirror from the store; returns entries mirrored."""
+        """Rebuild the mirror from the store; returns entries mirrored (this embedder's)."""
         cursor, entries = await self._store.snapshot()
-        for e in entries:
+        mine = [e for e in entries if e.embedder == self._embedder]
+        self._stats.other_embedder += len(entries) - len(mine)
+        for e in mine:
             self.add(e.entry_id, e.tenant_id, e.partition, e.prompt, e.vector)
         self._cursor = cursor
-        return len(entries)
+        return len(mine)
 
     async def sync(self, block_ms: int = 0) -> int:
         """Apply pending changes from other replicas; returns how many."""

@@ -1,4 +1,4 @@
-"""The pair encoder: MiniLM fine-tuned on duplicate questions, scoring a pair by cosine.
+"""The pair encoder: MiniLM fine-tuned on duplicate questions, the cache's default embedder.
 
 ``bench/train_pair_encoder.py`` fine-tunes all-MiniLM-L6-v2 (siamese: each text encoded
 alone, mean pooling, L2-normalised) so that the cosine of two questions ranks duplicates
@@ -7,21 +7,23 @@ above near-duplicates; ``bench/export_pair_encoder.py`` packs the weights into
 :func:`proxy.semantic.cross_encoder.pack_state`) beside ``data/pair_encoder.json`` (the
 BERT config, the stacked weights, the threshold and the similarity floor).
 
-:mod:`proxy.semantic.pair_verifier` scores a (query, cached prompt) pair with this
-model's cosine in place of the index's, guard features stacked on it. At run time linear
-layers are int8 with per-row activation scales and each text runs padded to its own
-length bucket, so a text's vector is the same alone or in any batch. Vectors of cached
-prompts are memoised (``memo_size``, LRU): a lookup's candidates are usually the
-tenant's popular prompts, so most lookups encode only the query.
+:class:`PairEncoder` is an :class:`proxy.semantic.embedder.Embedder`: its vectors go into
+the FAISS index, so the index's cosine of a candidate *is* the tuned cosine and
+:mod:`proxy.semantic.pair_verifier` stacks the guard features on it without running a
+model again (one forward per lookup). Its ``name`` carries a digest of the weights, and
+each entry records the name of the embedder that wrote its vector
+(``CacheEntry.embedder``), so vectors of two models are never compared. At run time
+linear layers are int8 with per-row activation scales and each text runs padded to its
+own length bucket, so a text's vector is the same alone or in any batch.
 
 Torch is imported only inside the functions: importing this module loads nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -88,7 +90,7 @@ def is_shipped() -> bool:
 
 
 class PairEncoder:
-    """Texts -> the fine-tuned model's L2-normalised vectors (prompts memoised)."""
+    """Texts -> the fine-tuned model's L2-normalised float32 vectors (an ``Embedder``)."""
 
     def __init__(
         self,
@@ -96,7 +98,6 @@ class PairEncoder:
         arrays: dict[str, np.ndarray],
         *,
         quantize: bool = True,
-        memo_size: int = 8192,
         tokenizer_path: Path | None = None,
     ) -> None:
         import torch
@@ -105,8 +106,6 @@ class PairEncoder:
 
         from proxy.semantic.embedder import bundled_model_path
 
-        if memo_size < 0:
-            raise ValueError("memo_size must be >= 0")
         self._config = config
         self._torch = torch
         model = BertModel(BertConfig.from_dict(dict(config.bert)), add_pooling_layer=False)
@@ -123,14 +122,23 @@ class PairEncoder:
         tokenizer.no_padding()
         tokenizer.enable_truncation(config.max_len)
         self._tokenizer = tokenizer
-        self._lock = threading.Lock()  # the tokenizer and the memo, across worker threads
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._memo_size = memo_size
+        self._lock = threading.Lock()  # the tokenizer, across worker threads
         self._dim = int(config.bert["hidden_size"])
+        mode = "int8-row" if quantize else "fp32"
+        self._name = f"kvtoll-pair-encoder/{weights_digest(arrays)}/{mode}"
 
     @property
     def config(self) -> PairEncoderConfig:
         return self._config
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def name(self) -> str:
+        """Names the weights (a digest) and the arithmetic: vectors of one name compare."""
+        return self._name
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Normalised float32 rows; one forward pass per length bucket."""
@@ -151,25 +159,21 @@ class PairEncoder:
             out[idx] = pooled.numpy()
         return out
 
-    def cosines(self, query: str, prompts: Sequence[str]) -> np.ndarray:
-        """Cosine of ``query`` with each prompt (prompts' vectors from the memo if there)."""
-        with self._lock:
-            known = {p: self._memo[p] for p in prompts if p in self._memo}
-            for p in known:
-                self._memo.move_to_end(p)
-        todo = [p for p in dict.fromkeys(prompts) if p not in known]
-        vectors = self.embed([query, *todo])
-        fresh = dict(zip(todo, vectors[1:], strict=True))
-        if self._memo_size and fresh:
-            with self._lock:
-                self._memo.update(fresh)
-                while len(self._memo) > self._memo_size:
-                    self._memo.popitem(last=False)
-        if not prompts:
-            return np.zeros(0, dtype=np.float64)
-        found = {**known, **fresh}
-        query = vectors[0].astype(np.float64)  # one dot per prompt: the same sum in any batch
-        return np.asarray([float(np.dot(found[p].astype(np.float64), query)) for p in prompts])
+
+def weights_digest(arrays: dict[str, np.ndarray]) -> str:
+    """First 12 hex digits of SHA-256 over the packed arrays (names, dtypes, shapes, bytes)."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()[:12]
+
+
+def load_pair_encoder(directory: Path | None = None) -> PairEncoder:
+    """The shipped pair encoder (or the export in ``directory``)."""
+    config, arrays = load_shipped(directory)
+    return PairEncoder(config, arrays)
 
 
 def _trace(model: Any) -> Any:

@@ -2,8 +2,9 @@
 
 Layout (``p`` = key prefix, ``t`` = tenant id):
 
-* ``p e:t:<id>``   hash: prompt, partition, answer (JSON), vec (float32 bytes), created,
-                   expires, last_hit, hits; PEXPIRE a minute past its TTL as a backstop
+* ``p e:t:<id>``   hash: prompt, partition, answer (JSON), vec (float32 bytes), emb (the
+                   name of the embedder that wrote vec), created, expires, last_hit, hits;
+                   PEXPIRE a minute past its TTL as a backstop
 * ``p lru:t``      sorted set id -> last hit (or creation): LRU eviction order
 * ``p exp:t``      sorted set id -> expiry: the TTL sweep
 * ``p tenants``    set of tenant ids with entries
@@ -57,6 +58,13 @@ return 1
 _EVIDENCE_FIELDS = [f"c{b}" for b in range(NUM_BINS)] + [f"w{b}" for b in range(NUM_BINS)]
 
 
+# Entries name the embedder that wrote their vector (field ``emb``). Replicas from before
+# that field read every entry's vector as their own model's, so this layout has a prefix
+# of its own: during a rolling upgrade old and new replicas never read each other's
+# entries (each side starts from its own), and the old prefix's keys age out by TTL.
+DEFAULT_PREFIX = "kvtoll:sem:v2:"
+
+
 class StoreUnavailable(RuntimeError):
     """The Redis backend is unreachable (the cache fails open)."""
 
@@ -65,7 +73,7 @@ class RedisStore:
     """:class:`~proxy.semantic.store.EntryStore` on Redis (see the module docstring)."""
 
     def __init__(
-        self, url: str, config: StoreConfig | None = None, *, prefix: str = "kvtoll:sem:",
+        self, url: str, config: StoreConfig | None = None, *, prefix: str = DEFAULT_PREFIX,
         clock: Clock = time.time, retry_after_s: float = 1.0, feed_maxlen: int = 100_000,
         connect_timeout_s: float = 0.25, socket_timeout_s: float = 3.0,
     ) -> None:  # fmt: skip
@@ -116,6 +124,7 @@ class RedisStore:
             pipe = self._redis.pipeline(transaction=True)
             pipe.hset(key, mapping={
                 "prompt": entry.prompt, "partition": entry.partition, "vec": vec,
+                "emb": entry.embedder,
                 "answer": json.dumps(entry.answer), "created": entry.created_at,
                 "expires": entry.expires_at, "last_hit": entry.last_hit_at, "hits": entry.hit_count,
                 "size": size,
@@ -126,7 +135,8 @@ class RedisStore:
             pipe.zadd(f"{self._p}lru:{t}", {entry.entry_id: entry.last_hit_at})
             pipe.zadd(f"{self._p}exp:{t}", {entry.entry_id: entry.expires_at})
             pipe.sadd(f"{self._p}tenants", t)
-            fields = {"id": entry.entry_id, "partition": entry.partition, "prompt": entry.prompt}
+            fields = {"id": entry.entry_id, "partition": entry.partition, "prompt": entry.prompt,
+                      "emb": entry.embedder}
             self._xadd(pipe, self._event("put", t, vec=vec, **fields))
             pipe.zcard(f"{self._p}lru:{t}")
             pipe.hget(f"{self._p}bytes", t)
@@ -188,7 +198,8 @@ class RedisStore:
             partition=PartitionKey(raw[b"partition"].decode()), prompt=raw[b"prompt"].decode(),
             answer=json.loads(raw[b"answer"]),
             vector=np.frombuffer(raw[b"vec"], dtype=np.float32).copy(),
-            created_at=float(raw[b"created"]), expires_at=expires,
+            embedder=raw.get(b"emb", b"").decode(), created_at=float(raw[b"created"]),
+            expires_at=expires,
             last_hit_at=float(raw[b"last_hit"]), hit_count=int(raw[b"hits"]),
         )  # fmt: skip
 
@@ -333,6 +344,7 @@ def _event_from(fields: dict[bytes, bytes]) -> ChangeEvent:
             "put", tenant, EntryId(fields[b"id"].decode()),
             PartitionKey(fields[b"partition"].decode()), fields[b"prompt"].decode(),
             np.frombuffer(fields[b"vec"], dtype=np.float32).copy(),
+            fields.get(b"emb", b"").decode(),
         )  # fmt: skip
     if op == "delete":
         return ChangeEvent("delete", tenant, EntryId(fields[b"id"].decode()))

@@ -44,7 +44,7 @@ from proxy.semantic.mirror import IndexFactory, Mirror, Slot
 from proxy.semantic.stats import LookupResult, LookupTiming, SemanticStats
 from proxy.semantic.store import CacheEntry, ChangeEvent, EntryId, EntryStore
 from proxy.semantic.types import SemanticHit, is_complete
-from proxy.semantic.verifier import Verifier
+from proxy.semantic.verifier import Verifier, check_pairing
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class SemanticCache:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
+        check_pairing(embedder.name, verifier)  # ValueError: cosines of another model
         self._embedder = embedder
         self._config = config or SemanticConfig()
         self._batcher = batcher or MicroBatcher(
@@ -98,7 +99,7 @@ class SemanticCache:
         self._mirror = Mirror(embedder.dim, self._index_factory)
         self.stats = SemanticStats()
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
-        self._follower = Follower(store, self._mirror, self.stats)
+        self._follower = Follower(store, self._mirror, self.stats, embedder.name)
         self._task: asyncio.Task[None] | None = None
         self._chooser = BoundedChooser(store, ErrorBound(self._config.bound),
                                        self._config.explore_rate, rng or random.Random())
@@ -283,7 +284,8 @@ class SemanticCache:
         entry = CacheEntry(
             entry_id=EntryId("sem_" + uuid.uuid4().hex), tenant_id=key.tenant_id,
             partition=key.partition, prompt=key.query, answer=answer,
-            vector=np.asarray(vector, dtype=np.float32), created_at=now,
+            vector=np.asarray(vector, dtype=np.float32), embedder=self._embedder.name,
+            created_at=now,
             expires_at=now + self._config.ttl_s, last_hit_at=now,
         )  # fmt: skip
         try:

@@ -70,6 +70,7 @@ class SemanticStats:
     embed_errors: int = 0  # embedder failures, each turned into a miss / no-op
     evictions: int = 0
     invalidations: int = 0
+    other_embedder: int = 0  # entries not mirrored: their vector is another embedder's
     embed_ms_total: float = 0.0
     search_ms_total: float = 0.0
     verify_ms_total: float = 0.0

@@ -71,6 +71,9 @@ class CacheEntry:
     expires_at: float
     last_hit_at: float
     hit_count: int = 0
+    # The embedder that wrote ``vector`` (``Embedder.name``; "" from before the field):
+    # a replica mirrors only its own embedder's vectors (proxy.semantic.follow).
+    embedder: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class ChangeEvent:
     partition: PartitionKey | None = None
     prompt: str = ""
     vector: npt.NDArray[np.float32] | None = field(default=None, compare=False, repr=False)
+    embedder: str = ""  # of a put: the embedder that wrote ``vector``
 
 
 class EntryStore(Protocol):

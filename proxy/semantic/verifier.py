@@ -62,6 +62,14 @@ class Verifier(Protocol):
         ...
 
 
+def check_pairing(embedder: str, verifier: Verifier) -> None:
+    """ValueError when ``verifier`` reads another embedder's cosines (its ``embedder``
+    attribute, where it has one) than those of the embedder named ``embedder``."""
+    expected = getattr(verifier, "embedder", None)
+    if expected is not None and expected != embedder:
+        raise ValueError(f"the verifier reads {expected}'s cosines; the embedder is {embedder}")
+
+
 @dataclass(frozen=True)
 class VerifierWeights:
     """Logistic-regression weights over standardised features."""

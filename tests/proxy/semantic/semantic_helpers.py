@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 def chat(
     text: str, *history: dict[str, str], model: str = "smollm2", **params: object
@@ -30,3 +33,23 @@ def answer(text: str, finish_reason: str = "stop") -> dict[str, object]:
         ],
         "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
     }
+
+
+class Renamed:
+    """A real embedder under another name: what a replica running another model (or
+    other weights) looks like to the store, with vectors that would otherwise match."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner = inner
+        self._name = name
+
+    @property
+    def dim(self) -> int:
+        return int(self._inner.dim)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        return self._inner.embed(texts)

@@ -12,7 +12,7 @@ from proxy.semantic.redis_store import RedisStore
 from proxy.semantic.service import SemanticCache
 from proxy.semantic.store import ChangeEvent, EntryId
 from proxy.semantic.verifier import LogisticVerifier
-from tests.proxy.semantic.semantic_helpers import answer, chat
+from tests.proxy.semantic.semantic_helpers import Renamed, answer, chat
 
 pytestmark = pytest.mark.anyio
 
@@ -105,9 +105,46 @@ async def test_unreachable_redis_fails_open_as_a_miss(
         key = cache.key_for("t", chat("Who wrote Hamlet?"))
         assert isinstance(key, CacheKey)
         vector = embedder.embed([key.query])[0]
-        cache.apply(ChangeEvent("put", "t", EntryId("sem_x"), key.partition, key.query, vector))
+        cache.apply(ChangeEvent("put", "t", EntryId("sem_x"), key.partition, key.query, vector,
+                                embedder.name))
         result = await cache.lookup_detailed("t", chat("Who wrote Hamlet?"))
         assert result.hit is None and result.reason == "store_error"
         assert cache.stats.store_errors == 2
     finally:
         await cache.aclose()
+
+
+async def test_a_replica_of_another_embedder_ignores_the_entries(
+    redis_url: str,
+    redis_prefix: str,
+    embedder: SentenceTransformerEmbedder,
+    verifier: LogisticVerifier,
+) -> None:
+    """The entry's hash and its feed event name the embedder that wrote the vector; a
+    replica running another one mirrors neither (on load nor from the feed)."""
+    import redis.asyncio as aioredis
+
+    a = replica(redis_url, redis_prefix, embedder, verifier)
+    other = SemanticCache(Renamed(embedder, "other-model/int8-row"),
+                          RedisStore(redis_url, prefix=redis_prefix), verifier)  # fmt: skip
+    client = aioredis.from_url(redis_url)
+    try:
+        await other.load()
+        stored = await a.store("t1", chat("Who wrote Hamlet?"), answer("Shakespeare"))
+        assert stored is not None
+        raw = await client.hget(f"{redis_prefix}e:t1:{stored}", "emb")
+        assert raw is not None and raw.decode() == embedder.name
+        assert await other.sync() == 1  # the event arrives, and is skipped
+        assert other.num_mirrored() == 0 and other.stats.other_embedder == 1
+        assert await other.lookup("t1", chat("Who wrote Hamlet?")) is None
+        restarted = replica(redis_url, redis_prefix, embedder, verifier)
+        assert await restarted.load() == 1  # the writer's own model mirrors it again
+        await restarted.aclose()
+        again = SemanticCache(Renamed(embedder, "other-model/int8-row"),
+                              RedisStore(redis_url, prefix=redis_prefix), verifier)  # fmt: skip
+        assert await again.load() == 0 and again.stats.other_embedder == 1
+        await again.aclose()
+    finally:
+        await client.aclose()
+        await a.aclose()
+        await other.aclose()

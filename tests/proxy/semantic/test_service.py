@@ -9,7 +9,7 @@ import pytest
 from proxy.semantic.service import SemanticCache, SemanticConfig
 from proxy.semantic.store import InMemoryStore, StoreConfig
 from proxy.semantic.verifier import LogisticVerifier
-from tests.proxy.semantic.semantic_helpers import answer, chat
+from tests.proxy.semantic.semantic_helpers import Renamed, answer, chat
 
 pytestmark = pytest.mark.anyio
 
@@ -210,3 +210,27 @@ async def test_a_model_verifier_runs_on_the_embedders_workers(
         assert recording.threads[0].startswith("kvtoll-embed")
     else:
         assert recording.threads[0] == threading.current_thread().name
+
+
+async def test_entries_of_another_embedder_are_never_mirrored(embedder: object,
+                                                              verifier: LogisticVerifier) -> None:
+    """Vectors of two models never meet in one index: a cache mirrors only the entries
+    its own embedder wrote (the entry records the embedder's name), on load and live."""
+    from proxy.semantic.store import ChangeEvent
+
+    store = InMemoryStore()
+    old = SemanticCache(Renamed(embedder, "old-model/int8-row"), store, verifier)
+    stored = await old.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare"))
+    entry = await store.get("t", stored)  # type: ignore[arg-type]
+    assert entry is not None and entry.embedder == "old-model/int8-row"
+    new = SemanticCache(embedder, store, verifier)  # type: ignore[arg-type]
+    assert await new.load() == 0 and new.stats.other_embedder == 1
+    assert await new.lookup("t", chat("Who wrote Hamlet?")) is None
+    new.apply(ChangeEvent("put", "t", entry.entry_id, entry.partition, entry.prompt,
+                          entry.vector, entry.embedder))  # fmt: skip
+    assert new.num_mirrored() == 0 and new.stats.other_embedder == 2
+    # The same entry written by this cache's own embedder is mirrored and served.
+    assert await new.store("t", chat("Who wrote Hamlet?"), answer("Shakespeare")) != stored
+    assert await new.lookup("t", chat("Who wrote Hamlet?")) is not None
+    await old.aclose()
+    await new.aclose()
