@@ -52,13 +52,32 @@ inline __m512 exp16(__m512 x) {
 }
 
 constexpr int TILE = 16;  // keys per tile
-constexpr int PREFETCH_TILES = 2;  // decode: how far ahead the next tiles' K/V rows are fetched
+// Decode: the K/V rows of the tile this many tiles ahead are prefetched into L2, a KV
+// head's slice at a time, between that head's tiles (spread out, not in one burst: a
+// burst of the whole tile's lines, or prefetches into L1, stalled the loop on full miss
+// buffers). On a Zen 4 EPYC (2 threads, bfloat16, 64 rows x 30 layers from DRAM) that
+// made decode 1.3-1.4x faster than a burst into L1 (bench/cpu_attention.py).
+constexpr int PREFETCH_TILES = 2;
 
 struct Paged {
     int64_t token, block;  // elements between tokens of a block, between blocks
     const int32_t* table;
     int block_size;
     int64_t at(int t) const { return table[t / block_size] * block + (t % block_size) * token; }
+    // The offsets of tokens t0 .. t0 + n - 1 (n <= TILE) into ``base``, the rest of the
+    // TILE repeating the first (one division per tile, not one per token).
+    void tile(int t0, int n, int64_t* base) const {
+        int blk = t0 / block_size, off = t0 - blk * block_size;
+        int64_t b = int64_t(table[blk]) * block;
+        for (int i = 0; i < n; i++) {
+            base[i] = b + off * token;
+            if (++off == block_size && i + 1 < n) {
+                off = 0;
+                b = int64_t(table[++blk]) * block;
+            }
+        }
+        for (int i = n; i < TILE; i++) base[i] = base[0];
+    }
 };
 
 // One softmax row's running state: max, sum of exponentials, and C vectors of output.
@@ -138,7 +157,7 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
     constexpr int C = D / 16;
     const int64_t token = int64_t(num_kv_heads) * D;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
-    const int row_lines = int((token * int64_t(sizeof(T)) + 63) / 64);
+    constexpr int head_lines = (D * int(sizeof(T)) + 63) / 64;  // cache lines of one head's K (or V) row
     RowState<C>* state = static_cast<RowState<C>*>(
         __builtin_alloca(sizeof(RowState<C>) * num_kv_heads * G + 64));
     state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
@@ -147,15 +166,12 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
     for (int t0 = 0; t0 < length; t0 += TILE) {
         const int n = length - t0 < TILE ? length - t0 : TILE;
         const __mmask16 valid = __mmask16((1u << n) - 1);
-        for (int t = t0 + TILE * PREFETCH_TILES; t < t0 + TILE * (PREFETCH_TILES + 1) && t < length; t++) {
-            const int64_t b = pg.at(t);
-            for (int l = 0; l < row_lines; l++) {
-                _mm_prefetch(reinterpret_cast<const char*>(k_cache + b) + 64 * l, _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char*>(v_cache + b) + 64 * l, _MM_HINT_T0);
-            }
-        }
+        const int ahead = t0 + TILE * PREFETCH_TILES;
+        const int pm = ahead < length ? (length - ahead < TILE ? length - ahead : TILE) : 0;
+        int64_t next[TILE];
+        if (pm) pg.tile(ahead, pm, next);
         int64_t base[TILE];
-        for (int i = 0; i < TILE; i++) base[i] = pg.at(t0 + (i < n ? i : 0));
+        pg.tile(t0, n, base);
         for (int kvh = 0; kvh < num_kv_heads; kvh++) {
             __m512 qv[G][C];
             for (int g = 0; g < G; g++)
@@ -164,6 +180,11 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
             const __m512* qg[G];
             for (int g = 0; g < G; g++) qg[g] = qv[g];
             __m512 s[G];
+            for (int i = 0; i < pm; i++)  // the next tiles' rows of this head, into L2
+                for (int l = 0; l < head_lines; l++) {
+                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
+                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
+                }
             const T* keys = k_cache + kvh * D;
             tile_scores<C, G>(
                 qg, [keys, &base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);

@@ -43,6 +43,7 @@ DECODE_CASES = [
     ([70, 3, 129], 9, 3, 64, 16),  # SmolLM2-135M's shape
     ([100, 1, 47], 8, 2, 128, 32),
     ([2048, 31], 9, 3, 64, 16),  # long context
+    ([40, 13, 61], 9, 3, 64, 12),  # tiles that straddle blocks at every offset
 ]
 
 
