@@ -25,6 +25,7 @@ from engine.config import (
     TINY_MODEL,
     EngineConfig,
 )
+from engine.kernels.kv_int8 import KV_CACHE_DTYPES
 from engine.kv.tier.codec import TierMode
 from engine.kv.tier.config import TierConfig
 from engine.serving.app import WorkerConfig
@@ -60,6 +61,7 @@ def engine_config(
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     kv_tier: TierConfig | None = None,
     linear_quant: str = "none",
+    kv_cache_dtype: str = "auto",
 ) -> EngineConfig:
     """The engine's config from CLI values; ``ValueError`` names a bad one."""
     if model not in (None, TINY_MODEL) and not Path(str(model)).exists():
@@ -72,6 +74,9 @@ def engine_config(
     if linear_quant not in LINEAR_QUANTS:
         raise ValueError(f"--linear-quant must be one of {', '.join(LINEAR_QUANTS)}, "
                          f"got {linear_quant!r}")  # fmt: skip
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                         f"got {kv_cache_dtype!r}")  # fmt: skip
     extra: dict[str, object] = {}
     if dtype is not None:
         extra["dtype"] = dtype
@@ -93,6 +98,7 @@ def engine_config(
         gpu_memory_utilization=gpu_memory_utilization,
         kv_tier=kv_tier,
         linear_quant=linear_quant,
+        kv_cache_dtype=kv_cache_dtype,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -300,6 +306,11 @@ def register(app: typer.Typer) -> None:
                               "int8 weights and dynamically quantized inputs; faster, not "
                               "token-identical to bf16)")
         ] = "none",
+        kv_cache_dtype: Annotated[
+            str, typer.Option(help="KV cache: auto (the model's dtype), or int8 (CPU: per "
+                              "token and head int8 with its scale; ~1.9x the cached tokens "
+                              "per MiB of bf16, not token-identical to it)")
+        ] = "auto",
     ) -> None:
         """Run an engine worker: OpenAI API plus /kv/events and /load for the router.
 
@@ -335,6 +346,7 @@ def register(app: typer.Typer) -> None:
                 else gpu_memory_utilization,
                 kv_tier=tier,
                 linear_quant=linear_quant,
+                kv_cache_dtype=kv_cache_dtype,
             )
             if not 0 < max_body_mb <= MAX_BODY_MB:  # NaN fails too
                 raise ValueError(f"--max-body-mb must be in (0, {MAX_BODY_MB}], got {max_body_mb}")

@@ -14,6 +14,7 @@ import torch
 from engine.api import TINY_MODEL
 from engine.dtype_choice import resolve_dtype
 from engine.gpu_memory import check_utilization
+from engine.kernels.kv_int8 import KV_CACHE_DTYPES
 from engine.kv.tier.config import TierConfig
 
 DEFAULT_DTYPE = "auto"  # engine.dtype_choice: bfloat16 where the hardware computes it natively
@@ -69,6 +70,9 @@ class EngineConfig:
     cuda_graphs: bool = False
     kv_tier: TierConfig | None = None  # tier 2 (engine.kv.tier); None: off
     linear_quant: str = "none"  # "none" | "int8" (CPU; engine.model.int8_linear; not bf16-exact)
+    # "auto" (the model's dtype) | "int8" (CPU native attention; engine.kernels.kv_int8:
+    # 0.53x of bfloat16's KV bytes, so ~1.9x the blocks in the same kv_cache_bytes)
+    kv_cache_dtype: str = "auto"
     fused_ops: bool = True  # CPU: the decoder's small ops fused where they build (cpu_fused)
 
     def __post_init__(self) -> None:
@@ -90,6 +94,11 @@ class EngineConfig:
                              f"got {self.linear_quant!r}")  # fmt: skip
         if self.linear_quant != "none" and self.device != "cpu":
             raise ValueError(f"linear_quant={self.linear_quant} runs on the CPU only")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")  # fmt: skip
+        if self.kv_cache_dtype == "int8" and self.device != "cpu":
+            raise ValueError("kv_cache_dtype=int8 runs on the CPU only")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
         for name, most in UPPER_BOUNDS.items():

@@ -29,6 +29,7 @@ from engine.decode_graphs import graph_batch_sizes
 from engine.gpu_memory import GpuMemory, kv_cache_budget, measure, reset_peak
 from engine.host_memory import keep_tensor_memory
 from engine.kernels.cpu_fused import fused_kernels_here
+from engine.kernels.kv_int8 import row_width
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
@@ -170,9 +171,12 @@ def num_kv_blocks(
         budget = kv_cache_budget(gpu_memory(), config.gpu_memory_utilization)
     else:
         budget = config.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
-    elem = torch.finfo(_DTYPES[config.dtype]).bits // 8
+    if config.kv_cache_dtype == "int8":  # a head's row: head_size int8 values and a scale
+        elem, width = 1, row_width(cfg.head_size)
+    else:
+        elem, width = torch.finfo(_DTYPES[config.dtype]).bits // 8, cfg.head_size
     per_block = ModelRunner.bytes_per_block(
-        cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_size, elem
+        cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, width, elem
     )
     return max(1, budget // per_block)
 
@@ -219,6 +223,9 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
     with start_phase("kernel build and probes"):
         backend = make_backend(config.attention_backend, config.device)
         fused = fused_kernels_here() if config.device == "cpu" and config.fused_ops else None
+        if config.kv_cache_dtype == "int8" and backend.name != "cpu":
+            raise ValueError(f"kv_cache_dtype=int8 needs the cpu attention backend, "
+                             f"not {backend.name}")  # fmt: skip
     graph_sizes: tuple[int, ...] = ()
     if config.cuda_graphs:
         if backend.name != "triton":
@@ -241,6 +248,7 @@ def build_llm_engine(config: EngineConfig, loaded: LoadedModel | None = None) ->
             config.device,
             graph_sizes,
             fused,
+            torch.int8 if config.kv_cache_dtype == "int8" else None,
         )
     if config.device != "cpu" and not sized_from_gpu_memory(config):
         with start_phase("warm-up"):  # compile the kernels now, not in a request
@@ -292,7 +300,8 @@ def build_tier(config: EngineConfig, model_name: str, runner: ModelRunner) -> KV
         shared = RedisBlockStore(
             tc.redis_url, tc.ttl_s, tc.timeout_s, tc.backoff_s, tc.redis_prefix
         )
-    return KVTier(tc, f"{model_name}/{config.dtype}", BlockIO(runner.kv_caches), shared)
+    kv_dtype = config.dtype if config.kv_cache_dtype == "auto" else f"kv-{config.kv_cache_dtype}"
+    return KVTier(tc, f"{model_name}/{kv_dtype}", BlockIO(runner.kv_caches), shared)
 
 
 def build_engine(config: EngineConfig, loaded: LoadedModel | None = None) -> AsyncEngine:

@@ -17,6 +17,7 @@ import torch
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.decode_graphs import DecodeBatch, DecodeGraphs
 from engine.kernels.cpu_fused import FusedKernels
+from engine.kernels.kv_int8 import row_width
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.rope import RotaryEmbedding
 
@@ -51,11 +52,17 @@ class ModelRunner:
         device: str,
         graph_sizes: Sequence[int] = (),
         fused: FusedKernels | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         """``graph_sizes``: batch sizes whose decode steps run as captured CUDA graphs
         (:mod:`engine.decode_graphs`; captured here, before any request); empty: eager.
         ``fused``: the decoder's small ops in native CPU kernels (:mod:`engine.kernels.
-        cpu_fused`; CPU only: they write K/V into the caches themselves)."""
+        cpu_fused`; CPU only: they write K/V into the caches themselves).
+        ``kv_cache_dtype``: None for the model's ``dtype``, or ``torch.int8`` (rows of
+        head_dim + 4 bytes, :mod:`engine.kernels.kv_int8`; the CPU backend's native
+        kernels read them, and its ``prepare`` refuses them where those do not run)."""
+        if kv_cache_dtype not in (None, dtype, torch.int8):
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype}: the model's dtype or int8")
         cfg = model.config
         if fused is not None and device != "cpu":
             raise ValueError(f"fused CPU kernels on device {device}")
@@ -66,11 +73,13 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
         self.device = device
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_size)
+        cache_dtype = kv_cache_dtype or dtype
+        width = row_width(cfg.head_size) if cache_dtype == torch.int8 else cfg.head_size
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, width)
         self.kv_caches: list[KVCache] = [
             (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=cache_dtype, device=device),
+                torch.zeros(shape, dtype=cache_dtype, device=device),
             )
             for _ in range(cfg.num_hidden_layers)
         ]

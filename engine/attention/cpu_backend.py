@@ -5,7 +5,9 @@ in place); prefill chunks through the native kernel where it measured faster tha
 torch's fused attention at start-up (:meth:`CpuAttentionBackend.prepare`), else as in
 :class:`engine.attention.torch_backend.TorchAttentionBackend`, which also writes the KV
 and serves caches that are neither float32 nor bfloat16. A bfloat16 model's queries
-are widened to float32 for the kernels and their outputs rounded back.
+are widened to float32 for the kernels and their outputs rounded back. int8 caches
+(:mod:`engine.kernels.kv_int8`) run in the native kernels alone, decode and prefill,
+and are written by quantizing each row.
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -42,6 +44,7 @@ from engine.kernels.cpu_native_attention import (
     plan_extend,
     supports,
 )
+from engine.kernels.kv_int8 import head_dim_of, quantize_rows
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class _StepDecode:
 # many query rows after this many cached tokens, best of PREFILL_TRIALS each.
 PREFILL_PROBE = (64, 192)
 PREFILL_TRIALS = 3
+NATIVE_DTYPES = (*CACHE_DTYPES, torch.int8)  # caches the native kernels read
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -121,12 +125,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
         library (first time on a machine ~8 s, then loaded from its cache directory)
         and its launchers, else the numba decode kernels (first time seconds, then from
         numba's disk cache); and decide where prefill runs."""
-        if k_cache.dtype not in CACHE_DTYPES:
+        int8 = k_cache.dtype == torch.int8
+        if k_cache.dtype not in CACHE_DTYPES and not int8:
             return
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        _, block_size, num_kv_heads, width = k_cache.shape
+        head_dim = head_dim_of(k_cache)
+        if int8 and self._want_native is False:
+            raise RuntimeError("an int8 KV cache needs the native CPU attention kernels")
         if self._want_native is not False:
-            self._native = self._load_native(num_heads, num_kv_heads, head_dim)
-        cache = torch.zeros((1, block_size, num_kv_heads, head_dim), dtype=k_cache.dtype)
+            self._native = self._load_native(num_heads, num_kv_heads, head_dim, required=int8)
+        cache = torch.zeros((1, block_size, num_kv_heads, width), dtype=k_cache.dtype)
         q = torch.zeros((1, num_heads, head_dim))
         table = torch.zeros((1, 1), dtype=torch.int32)
         if self._native is None:
@@ -138,10 +146,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                 torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
                                 torch.zeros(1, dtype=torch.int64), scratch=False)  # fmt: skip
         native_decode_rows(self._native, rows, q, cache, cache.clone(), 1.0, torch.empty_like(q))
-        if self._want_native_prefill is not False:  # its launcher too, before any request
+        if self._want_native_prefill is not False or int8:  # its launcher too, before any request
             chunk = plan_extend(table[0], 1, 1, 1, block_size)
             native_extend(self._native, chunk, q, cache, cache.clone(), 1.0, torch.empty_like(q))
-        if self._want_native_prefill is None:
+        if int8:  # torch has no int8 attention path here
+            self._native_prefill = True
+        elif self._want_native_prefill is None:
             self._native_prefill = self._native_prefill_faster(num_heads, k_cache)
         else:
             self._native_prefill = self._want_native_prefill
@@ -149,7 +159,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                  "the native kernel" if self._native_prefill else "torch")  # fmt: skip
 
     def _load_native(
-        self, num_heads: int, num_kv_heads: int, head_dim: int
+        self, num_heads: int, num_kv_heads: int, head_dim: int, required: bool = False
     ) -> NativeKernels | None:
         reason = native_build.unavailable_reason()
         if reason is None and not supports(num_heads, num_kv_heads, head_dim):
@@ -161,8 +171,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 return load_native_kernels(cache_dir)
             except (RuntimeError, OSError) as exc:  # no home, a read-only cache, a failed build
                 reason = str(exc)
-        if self._want_native:
-            raise RuntimeError(f"native CPU attention kernels unavailable: {reason}")
+        if self._want_native or required:
+            raise RuntimeError(f"native CPU attention kernels unavailable: {reason}"
+                               + (" (an int8 KV cache needs them)" if required else ""))
         log.warning("cpu attention: native kernels unavailable (%s); numba decode kernels", reason)
         return None
 
@@ -200,6 +211,29 @@ class CpuAttentionBackend(TorchAttentionBackend):
                  best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
         return best["native"] <= best["torch"]
 
+    def write_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """As the torch backend, and into int8 caches each row quantized with its scale
+        (the eager path; the fused one writes them natively, bit-identically)."""
+        if k_cache.dtype != torch.int8:
+            super().write_kv(k, v, k_cache, v_cache, slot_mapping)
+            return
+        if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
+            raise ValueError(
+                f"k {tuple(k.shape)}, v {tuple(v.shape)}, slots {tuple(slot_mapping.shape)}"
+            )
+        num_blocks, block_size, num_kv_heads, width = k_cache.shape
+        flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, width)
+        flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, width)
+        flat_k.index_copy_(0, slot_mapping, quantize_rows(k))
+        flat_v.index_copy_(0, slot_mapping, quantize_rows(v))
+
     def _prefill_one(
         self,
         q: torch.Tensor,
@@ -208,7 +242,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         chunk: _PrefillChunk,
         scale: float,
     ) -> torch.Tensor:
-        if not self._native_prefill or self._native is None or k_cache.dtype not in CACHE_DTYPES:
+        if not self._native_prefill or self._native is None or k_cache.dtype not in NATIVE_DTYPES:
             return super()._prefill_one(q, k_cache, v_cache, chunk, scale)
         plan = self._extend_plan(chunk, k_cache)
         q32 = q.float().contiguous()
@@ -242,7 +276,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
         scale: float,
         out: torch.Tensor,
     ) -> None:
-        if k_cache.dtype not in CACHE_DTYPES or q.dtype not in CACHE_DTYPES:
+        if q.dtype not in CACHE_DTYPES or (
+            k_cache.dtype not in CACHE_DTYPES
+            and (k_cache.dtype != torch.int8 or self._native is None)
+        ):
             super()._decode_rows(q, k_cache, v_cache, meta, qsl, scale, out)
             return
         step = self._step_decode(q, k_cache, meta, qsl)

@@ -43,6 +43,7 @@ import numba
 import numpy as np
 import torch
 
+from engine.kernels.kv_int8 import SCALE_BYTES, row_width
 from engine.kernels.numba_threads import numba_launch
 
 Kernel = Callable[..., Any]
@@ -181,8 +182,14 @@ class CpuDecodeKernels:
 
 
 def check_tensors(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
-) -> None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    int8: bool = False,
+) -> None:  # fmt: skip
+    """ValueError unless a kernel takes these; ``int8``: int8 caches too (the native
+    kernels: rows of head_dim + 4, :mod:`engine.kernels.kv_int8`)."""
+    if int8 and k_cache.dtype == torch.int8:
+        _check_int8_caches(q, k_cache, v_cache, out)
+        return
     for name, t in (("q", q), ("out", out)):
         if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got "
@@ -203,6 +210,28 @@ def check_tensors(
     if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads over {num_kv_heads} KV heads, "
                          f"head_dim {head_dim} vs cache {k_cache.shape[3]}")
+
+
+def _check_int8_caches(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
+) -> None:
+    for name, t in (("q", q), ("out", out)):
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got {t.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.device.type != "cpu" or t.dtype != torch.int8 or not t.is_contiguous():
+            raise ValueError(f"{name}: need a contiguous int8 CPU tensor (both caches "
+                             f"alike), got {t.dtype} on {t.device}")  # fmt: skip
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
+                         f"v_cache {tuple(v_cache.shape)}")
+    if out.shape != q.shape:
+        raise ValueError(f"out {tuple(out.shape)} != q {tuple(q.shape)}")
+    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
+    if k_cache.shape[3] != row_width(head_dim) or num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads over {num_kv_heads} KV heads, head_dim "
+                         f"{head_dim} vs int8 cache rows of {k_cache.shape[3]} bytes "
+                         f"(head_dim + {SCALE_BYTES})")  # fmt: skip
 
 
 def _check_indices(
@@ -283,10 +312,11 @@ def cache_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarr
 def check_planned(
     rows: DecodeRows, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out: torch.Tensor,
+    int8: bool = False,
 ) -> None:  # fmt: skip
     """ValueError unless the tensors are ones a kernel takes (:func:`check_tensors`) and
     of the shapes ``rows`` were planned (and their indices checked) for."""
-    check_tensors(q, k_cache, v_cache, out)
+    check_tensors(q, k_cache, v_cache, out, int8)
     if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
         k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "

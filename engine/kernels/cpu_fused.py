@@ -31,9 +31,11 @@ from typing import Any
 import torch
 
 from engine.kernels import native_build
+from engine.kernels.kv_int8 import head_dim_of
 
 log = logging.getLogger(__name__)
 DTYPES = (torch.float32, torch.bfloat16)
+MAX_INT8_HEAD_DIM = 256  # cpu_fused.cpp's MAX_HEAD_DIM (its per-head scratch)
 # Rows from which a call is split in halves run on two threads at once: below this the
 # hand-off (~20 us) costs more than the second core saves.
 PARALLEL_ROWS = 96
@@ -47,6 +49,7 @@ class FusedKernels:
     path: Path
     add_rmsnorm: dict[torch.dtype, Any]
     rope_kv: dict[torch.dtype, Any]
+    rope_kv_int8: dict[torch.dtype, Any]  # by the activations' dtype; int8 caches
     silu_mul: dict[torch.dtype, Any]
     pool: ThreadPoolExecutor
 
@@ -74,6 +77,8 @@ def load_fused_kernels(cache_dir: Path) -> FusedKernels:
         _entries(lib, "add_rmsnorm", [ptr, i64, ptr, i64, ptr, ptr, i64, i32, i32, f32]),
         # qkv, row stride, rows, heads, kv heads, head_dim, positions, cos, sin, slots, k, v
         _entries(lib, "rope_kv", [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]),
+        _entries(lib, "rope_kv_int8",
+                 [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]),
         # gate_up, its stride, out, its stride, rows, width
         _entries(lib, "silu_mul", [ptr, i64, ptr, i64, i32, i32]),
         ThreadPoolExecutor(max_workers=ROW_SPLIT - 1, thread_name_prefix="kvtoll-fused"),
@@ -181,16 +186,20 @@ def rope_write_kv(
     v_cache: torch.Tensor,
 ) -> None:
     """Rotate the q heads of ``qkv`` [T, (H + 2 Hkv) * D] in place, and write each row's
-    rotated k and its v into the caches [blocks, block_size, Hkv, D] at its slot;
+    rotated k and its v into the caches [blocks, block_size, Hkv, D] at its slot (int8
+    caches: quantized rows of D + 4 bytes, :mod:`engine.kernels.kv_int8`);
     ``cos``/``sin``: the [max_positions, D] tables (:class:`engine.model.rope.RotaryEmbedding`)."""
     dtype, rows = qkv.dtype, qkv.shape[0]
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    if dtype not in DTYPES or head_dim % 2:
+    int8 = k_cache.dtype == torch.int8
+    num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
+    head_dim = head_dim_of(k_cache)
+    if dtype not in DTYPES or head_dim % 2 or (int8 and head_dim > MAX_INT8_HEAD_DIM):
         raise ValueError(f"rope_write_kv: {dtype}, head_dim {head_dim}")
     _check_rows("qkv", qkv, dtype, (num_heads + 2 * num_kv_heads) * head_dim)
+    cache_dtype = torch.int8 if int8 else dtype
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.shape != k_cache.shape or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"{name}: need contiguous {tuple(k_cache.shape)} {dtype}")
+        if t.shape != k_cache.shape or t.dtype != cache_dtype or not t.is_contiguous():
+            raise ValueError(f"{name}: need contiguous {tuple(k_cache.shape)} {cache_dtype}")
     for name, t in (("cos", cos), ("sin", sin)):
         if t.dim() != 2 or t.shape[1] != head_dim or t.dtype != dtype or not t.is_contiguous():
             raise ValueError(f"{name}: need contiguous [positions, {head_dim}] {dtype}")
@@ -198,7 +207,7 @@ def rope_write_kv(
         raise ValueError(f"rope_write_kv: {rows} rows, a plan for {rows_plan.positions.shape[0]}")
     if rows_plan.max_position >= cos.shape[0] or rows_plan.max_slot >= num_blocks * block_size:
         raise ValueError("rope_write_kv: a position past the tables or a slot past the cache")
-    fn, size = kernels.rope_kv[dtype], qkv.element_size()
+    fn, size = (kernels.rope_kv_int8 if int8 else kernels.rope_kv)[dtype], qkv.element_size()
     qp, qs = qkv.data_ptr(), qkv.stride(0)
     pp, sp = rows_plan.positions.data_ptr(), rows_plan.slots.data_ptr()
     cp, snp, kp, vp = cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()

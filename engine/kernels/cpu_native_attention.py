@@ -101,9 +101,11 @@ def load_native_kernels(cache_dir: Path) -> NativeKernels:
     return NativeKernels(
         lib,
         {torch.float32: _decode_driver(lib.decode_f32),
-         torch.bfloat16: _decode_driver(lib.decode_bf16)},
+         torch.bfloat16: _decode_driver(lib.decode_bf16),
+         torch.int8: _decode_driver(lib.decode_int8)},
         {torch.float32: _extend_driver(lib.extend_f32),
-         torch.bfloat16: _extend_driver(lib.extend_bf16)},
+         torch.bfloat16: _extend_driver(lib.extend_bf16),
+         torch.int8: _extend_driver(lib.extend_int8)},
     )  # fmt: skip
 
 
@@ -140,7 +142,7 @@ def native_decode_rows(
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
     checked there) of ``q`` into the same rows of ``out``."""
-    check_planned(rows, q, k_cache, v_cache, out)
+    check_planned(rows, q, k_cache, v_cache, out, int8=True)
     head_dim, group = _check_layout(q, k_cache)
     if not rows.num_rows:
         return
@@ -196,7 +198,7 @@ def native_extend(
 ) -> None:
     """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
     context (the cached prefix and the chunk's own K/V, already written) into ``out``."""
-    check_tensors(q, k_cache, v_cache, out)
+    check_tensors(q, k_cache, v_cache, out, int8=True)
     if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (
             chunk.num_blocks, chunk.block_size):  # fmt: skip
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "

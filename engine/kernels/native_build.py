@@ -72,13 +72,16 @@ def unavailable_reason(flags: frozenset[str] | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class NativeLibrary:
-    """The loaded library and its four entry points (ctypes functions)."""
+    """The loaded library and its entry points (ctypes functions), by cache dtype: float32,
+    bfloat16, and int8 rows with their scales (:mod:`engine.kernels.kv_int8`)."""
 
     path: Path  # the shared library
     decode_f32: Callable[..., int]
     decode_bf16: Callable[..., int]
     extend_f32: Callable[..., int]
     extend_bf16: Callable[..., int]
+    decode_int8: Callable[..., int]
+    extend_int8: Callable[..., int]
 
 
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
@@ -145,4 +148,6 @@ def load(cache_dir: Path) -> NativeLibrary:
         _entry(lib, "kvt_decode_row_bf16", extend=False),
         _entry(lib, "kvt_extend_item_f32", extend=True),
         _entry(lib, "kvt_extend_item_bf16", extend=True),
+        _entry(lib, "kvt_decode_row_int8", extend=False),
+        _entry(lib, "kvt_extend_item_int8", extend=True),
     )

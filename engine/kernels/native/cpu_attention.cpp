@@ -6,7 +6,9 @@
 // numba's. Layout as in engine/attention/base.py:
 //
 //   q, out     [rows, H, D] float32, H = num_kv_heads * G (query heads of a KV head adjacent)
-//   k/v_cache  [num_blocks, block_size, num_kv_heads, D] float32 or bfloat16 bits (uint16)
+//   k/v_cache  [num_blocks, block_size, num_kv_heads, D] float32 or bfloat16 bits (uint16),
+//              or int8 [..., D + 4]: each head's row D int8 values, then its float32
+//              scale (x = int8 * scale; written by cpu_fused.cpp's rope_kv_int8)
 //   token t of a sequence -> table[t / block_size], offset t % block_size
 //
 // Both kernels are one pass of online softmax over 16-key tiles (flash attention): a
@@ -23,6 +25,7 @@
 #include <string.h>
 
 #include <new>
+#include <type_traits>
 
 namespace {
 
@@ -30,6 +33,27 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
     __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m512 load16(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Elements of a KV head's row beyond its D values: an int8 row's float32 scale.
+template <typename T>
+constexpr int row_extra() { return std::is_same_v<T, int8_t> ? 4 : 0; }
+constexpr bool is_int8(int extra) { return extra != 0; }
+
+// The dequantization scale of a head's row (1 for float32 and bfloat16 rows).
+template <typename T>
+inline float row_scale(const T* row, int d) {
+    if constexpr (std::is_same_v<T, int8_t>) {
+        float s;
+        memcpy(&s, row + d, sizeof(s));
+        return s;
+    } else {
+        return 1.0f;
+    }
 }
 
 // e^x for x <= 0 (x - running max), within ~2 ulp; x below -87.3 gives ~1e-38, so
@@ -155,9 +179,11 @@ template <int D, int G, typename T>
 void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_t* table,
                 int length, int block_size, int num_kv_heads, float scale, float* out) {
     constexpr int C = D / 16;
-    const int64_t token = int64_t(num_kv_heads) * D;
+    constexpr int HS = D + row_extra<T>();  // elements of one head's row
+    const int64_t token = int64_t(num_kv_heads) * HS;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
-    constexpr int head_lines = (D * int(sizeof(T)) + 63) / 64;  // cache lines of one head's K (or V) row
+    // cache lines of one head's K (or V) row (an int8 row of D + 4 bytes may span one more)
+    constexpr int head_lines = (HS * int(sizeof(T)) + 63) / 64 + (row_extra<T>() ? 1 : 0);
     RowState<C>* state = static_cast<RowState<C>*>(
         __builtin_alloca(sizeof(RowState<C>) * num_kv_heads * G + 64));
     state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
@@ -182,12 +208,18 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
             __m512 s[G];
             for (int i = 0; i < pm; i++)  // the next tiles' rows of this head, into L2
                 for (int l = 0; l < head_lines; l++) {
-                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
-                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
+                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
+                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
                 }
-            const T* keys = k_cache + kvh * D;
+            const T* keys = k_cache + kvh * HS;
             tile_scores<C, G>(
                 qg, [keys, &base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);
+            if constexpr (is_int8(row_extra<T>())) {  // q . (scale k) = scale (q . k)
+                alignas(64) float ks[TILE];
+                for (int i = 0; i < TILE; i++) ks[i] = row_scale(keys + base[i], D);
+                const __m512 kscale = _mm512_load_ps(ks);
+                for (int g = 0; g < G; g++) s[g] = _mm512_mul_ps(s[g], kscale);
+            }
             alignas(64) float p[G][TILE];
             RowState<C>* st = state + kvh * G;
             for (int g = 0; g < G; g++) st[g].scores(s[g], valid, p[g]);
@@ -195,10 +227,12 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) acc[g][c] = st[g].acc[c];
             for (int i = 0; i < n; i++) {
+                const T* vrow = v_cache + base[i] + kvh * HS;
+                const float vs = row_scale(vrow, D);  // p (scale v) = (p scale) v
                 __m512 vv[C];
-                for (int c = 0; c < C; c++) vv[c] = load16(v_cache + base[i] + kvh * D + 16 * c);
+                for (int c = 0; c < C; c++) vv[c] = load16(vrow + 16 * c);
                 for (int g = 0; g < G; g++) {
-                    __m512 w = _mm512_set1_ps(p[g][i]);
+                    __m512 w = _mm512_set1_ps(is_int8(row_extra<T>()) ? p[g][i] * vs : p[g][i]);
                     for (int c = 0; c < C; c++) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
                 }
             }
@@ -249,7 +283,8 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
                  int num_kv_heads, float scale, float* out) {
     constexpr int C = D / 16;
     const int heads = num_kv_heads * group;
-    const int64_t token = int64_t(num_kv_heads) * D;
+    constexpr int HS = D + row_extra<T>();  // elements of one head's row
+    const int64_t token = int64_t(num_kv_heads) * HS;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
     const int rows = (b - a) * group;
     RowState<C>* state = static_cast<RowState<C>*>(__builtin_alloca(sizeof(RowState<C>) * rows + 64));
@@ -269,10 +304,19 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
         const int n = end - t0 < TILE ? end - t0 : TILE;
         for (int i = 0; i < TILE; i++) {
             if (i < n) {
-                const int64_t at = pg.at(t0 + i) + kvh * D;
-                for (int c = 0; c < C; c++) {
-                    _mm512_store_ps(&kbuf[i][16 * c], load16(k_cache + at + 16 * c));
-                    _mm512_store_ps(&vbuf[i][16 * c], load16(v_cache + at + 16 * c));
+                const int64_t at = pg.at(t0 + i) + kvh * HS;
+                if constexpr (is_int8(row_extra<T>())) {  // dequantized as widened
+                    const __m512 ks = _mm512_set1_ps(row_scale(k_cache + at, D));
+                    const __m512 vs = _mm512_set1_ps(row_scale(v_cache + at, D));
+                    for (int c = 0; c < C; c++) {
+                        _mm512_store_ps(&kbuf[i][16 * c], _mm512_mul_ps(load16(k_cache + at + 16 * c), ks));
+                        _mm512_store_ps(&vbuf[i][16 * c], _mm512_mul_ps(load16(v_cache + at + 16 * c), vs));
+                    }
+                } else {
+                    for (int c = 0; c < C; c++) {
+                        _mm512_store_ps(&kbuf[i][16 * c], load16(k_cache + at + 16 * c));
+                        _mm512_store_ps(&vbuf[i][16 * c], load16(v_cache + at + 16 * c));
+                    }
                 }
             } else {
                 memset(kbuf[i], 0, sizeof(kbuf[i]));
@@ -357,6 +401,12 @@ int kvt_decode_row_bf16(int head_dim, int group, const float* q, const uint16_t*
     return decode_any<uint16_t>(head_dim, group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
 }
 
+int kvt_decode_row_int8(int head_dim, int group, const float* q, const int8_t* k,
+                        const int8_t* v, const int32_t* table, int length, int block_size,
+                        int num_kv_heads, float scale, float* out) {
+    return decode_any<int8_t>(head_dim, group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+}
+
 int kvt_extend_item_f32(int head_dim, int group, const float* q, const float* k, const float* v,
                         const int32_t* table, int offset, int a, int b, int kvh, int block_size,
                         int num_kv_heads, float scale, float* out) {
@@ -367,6 +417,12 @@ int kvt_extend_item_bf16(int head_dim, int group, const float* q, const uint16_t
                          const uint16_t* v, const int32_t* table, int offset, int a, int b,
                          int kvh, int block_size, int num_kv_heads, float scale, float* out) {
     return extend_any<uint16_t>(head_dim, group, q, k, v, table, offset, a, b, kvh, block_size, num_kv_heads, scale, out);
+}
+
+int kvt_extend_item_int8(int head_dim, int group, const float* q, const int8_t* k,
+                         const int8_t* v, const int32_t* table, int offset, int a, int b,
+                         int kvh, int block_size, int num_kv_heads, float scale, float* out) {
+    return extend_any<int8_t>(head_dim, group, q, k, v, table, offset, a, b, kvh, block_size, num_kv_heads, scale, out);
 }
 
 }  // extern "C"

@@ -214,6 +214,66 @@ void rope_kv(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_hea
     }
 }
 
+// An int8 KV cache row of one head: d int8 values, then the float32 scale (x = q * scale)
+// in the next 4 bytes. Symmetric per (token, head): scale = max|x| / 127 and
+// q = round-half-even(x * (127 / max|x|)); the torch reference,
+// engine.kernels.kv_int8.quantize_rows, computes the same float32 operations.
+constexpr int INT8_SCALE_BYTES = 4;
+constexpr int MAX_HEAD_DIM = 256;
+
+inline void quantize_head(const float* x, int d, int8_t* dst) {
+    __m512 most = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16)
+        most = _mm512_max_ps(most, _mm512_abs_ps(_mm512_maskz_loadu_ps(lanes(d - i), x + i)));
+    const float amax = _mm512_reduce_max_ps(most);
+    const float scale = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int i = 0; i < d; i += 16) {
+        const __mmask16 m = lanes(d - i);
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+        _mm_mask_storeu_epi8(dst + i, m, _mm512_cvtsepi32_epi8(q));
+    }
+    memcpy(dst + d, &scale, sizeof(scale));
+}
+
+template <typename T>
+inline void widen_head(const T* src, int d, float* dst) {
+    for (int i = 0; i < d; i += 16) {
+        const __mmask16 m = lanes(d - i);
+        _mm512_mask_storeu_ps(dst + i, m, widen(src + i, m));
+    }
+}
+
+// rope_kv for int8 caches: q rotated in place; k rotated (rounded to T, as the model's
+// own K) and v, quantized per head into the caches' rows of head_dim + 4 bytes.
+template <typename T>
+void rope_kv_int8(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_heads,
+                  int head_dim, const int64_t* positions, const T* cos_table, const T* sin_table,
+                  const int64_t* slots, int8_t* k_cache, int8_t* v_cache) {
+    const int64_t head_row = head_dim + INT8_SCALE_BYTES;
+    const int64_t slot_bytes = int64_t(num_kv_heads) * head_row;
+    alignas(64) T rotated[MAX_HEAD_DIM];
+    alignas(64) float wide[MAX_HEAD_DIM];
+    for (int r = 0; r < rows; r++) {
+        T* row = qkv + r * row_stride;
+        const T* cos = cos_table + positions[r] * head_dim;
+        const T* sin = sin_table + positions[r] * head_dim;
+        for (int h = 0; h < num_heads; h++)
+            rotate_head(row + h * head_dim, cos, sin, head_dim, row + h * head_dim);
+        int8_t* k_dst = k_cache + slots[r] * slot_bytes;
+        int8_t* v_dst = v_cache + slots[r] * slot_bytes;
+        const T* k_src = row + int64_t(num_heads) * head_dim;
+        const T* v_src = k_src + int64_t(num_kv_heads) * head_dim;
+        for (int h = 0; h < num_kv_heads; h++) {
+            rotate_head(k_src + h * head_dim, cos, sin, head_dim, rotated);
+            widen_head(rotated, head_dim, wide);
+            quantize_head(wide, head_dim, k_dst + h * head_row);
+            widen_head(v_src + h * head_dim, head_dim, wide);
+            quantize_head(wide, head_dim, v_dst + h * head_row);
+        }
+    }
+}
+
 // torch's SiLU runs its vector code over each contiguous run of elements in steps of two
 // vectors (32 float32 or 64 bfloat16 lanes) and its scalar code (std::exp) on the rest.
 inline int vector_part(const float*, int n) { return n - n % 32; }
@@ -276,6 +336,20 @@ int kvt_rope_kv_bf16(uint16_t* qkv, int64_t stride, int rows, int heads, int kv_
                      const int64_t* slots, uint16_t* k_cache, uint16_t* v_cache) {
     if (d % 2 != 0) return 1;
     rope_kv(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
+    return 0;
+}
+int kvt_rope_kv_int8_f32(float* qkv, int64_t stride, int rows, int heads, int kv_heads, int d,
+                         const int64_t* pos, const float* cos, const float* sin,
+                         const int64_t* slots, int8_t* k_cache, int8_t* v_cache) {
+    if (d % 2 != 0 || d > MAX_HEAD_DIM) return 1;
+    rope_kv_int8(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
+    return 0;
+}
+int kvt_rope_kv_int8_bf16(uint16_t* qkv, int64_t stride, int rows, int heads, int kv_heads,
+                          int d, const int64_t* pos, const uint16_t* cos, const uint16_t* sin,
+                          const int64_t* slots, int8_t* k_cache, int8_t* v_cache) {
+    if (d % 2 != 0 || d > MAX_HEAD_DIM) return 1;
+    rope_kv_int8(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
     return 0;
 }
 int kvt_silu_mul_f32(const float* gu, int64_t is, float* out, int64_t os, int rows, int width) {

@@ -27,7 +27,11 @@ from engine.kv.hashing import BlockHash, TenantSalt
 MAGIC = b"KVT1"
 _HEADER = struct.Struct("<4sBBHHHH16s")
 _DIGEST = 16
-_DTYPES: dict[torch.dtype, int] = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+# int8: a CPU engine's int8 KV cache (engine.kernels.kv_int8), rows that carry their own
+# scales; its blocks are always stored raw (they are int8 already).
+_DTYPES: dict[torch.dtype, int] = {
+    torch.float32: 1, torch.bfloat16: 2, torch.float16: 3, torch.int8: 4,
+}  # fmt: skip
 _CODES = {code: dtype for dtype, code in _DTYPES.items()}
 
 
@@ -68,10 +72,10 @@ def encode(key: BlockKey, kv: torch.Tensor, mode: TierMode) -> bytes:
     if kv.dtype not in _DTYPES:
         raise ValueError(f"unsupported KV dtype {kv.dtype}")
     layers, _, block, heads, dim = kv.shape
-    code = 0 if mode is TierMode.RAW else 1
+    code = 0 if mode is TierMode.RAW or kv.dtype == torch.int8 else 1
     header = _HEADER.pack(MAGIC, code, _DTYPES[kv.dtype], layers, block, heads, dim, key.digest())
     parts: list[bytes | memoryview]
-    if mode is TierMode.RAW:
+    if code == 0:
         parts = [header, _view(kv.contiguous())]
     else:
         flat = kv.float().reshape(layers * 2, -1)

@@ -19,6 +19,7 @@ from engine.kernels.cpu_fused import (
     rope_write_kv,
     silu_mul,
 )
+from engine.kernels.kv_int8 import dequantize_rows, quantize_rows, row_width
 from engine.model.config import LlamaConfig
 from engine.model.llama import RMSNorm
 from engine.model.rope import RotaryEmbedding, rotate
@@ -93,6 +94,42 @@ def test_rope_write_kv_is_bit_identical_to_eager_rotate_and_cache_write(
     others = torch.ones(num_blocks * block_size, dtype=torch.bool)
     others[slots] = False
     assert not flat_k[others].any() and not flat_v[others].any()  # no other slot written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("head_dim", [16, 64, 72])
+def test_rope_write_kv_int8_is_bit_identical_to_the_torch_quantizer(
+    fused: FusedKernels, dtype: torch.dtype, rows: int, head_dim: int
+) -> None:
+    """int8 caches: the rotated k and the v of each row quantized per head exactly as
+    :func:`engine.kernels.kv_int8.quantize_rows` does (values and scale bytes); q is
+    rotated as for the other caches. An all-zero head gets scale 0 and zeros."""
+    heads, kv_heads, block_size, num_blocks = 9, 3, 16, 16
+    gen = torch.Generator().manual_seed(rows * head_dim + 1)
+    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 4).to(dtype)
+    qkv[0, (heads + kv_heads) * head_dim : (heads + kv_heads + 1) * head_dim] = 0  # a zero v head
+    rope = _rope(head_dim, dtype)
+    positions = torch.randint(0, 512, (rows,), generator=gen)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:rows]
+    width = row_width(head_dim)
+    caches = [torch.zeros(num_blocks, block_size, kv_heads, width, dtype=torch.int8)
+              for _ in range(2)]  # fmt: skip
+    qk = rotate(qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim),
+                *rope.tables(positions))  # fmt: skip
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)
+    got = qkv.clone()
+    rope_write_kv(fused, got, heads, plan_rope(positions, slots), rope.cos, rope.sin, *caches)
+    assert torch.equal(got[:, : heads * head_dim].view(rows, heads, head_dim), qk[:, :heads])
+    flat_k, flat_v = (c.view(-1, kv_heads, width) for c in caches)
+    assert torch.equal(flat_k[slots], quantize_rows(qk[:, heads:]))
+    assert torch.equal(flat_v[slots], quantize_rows(v))
+    assert not dequantize_rows(flat_v[slots[:1]])[0, 0].any()
+    others = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    others[slots] = False
+    assert not flat_k[others].any() and not flat_v[others].any()
+    err = (dequantize_rows(flat_v[slots]) - v.float()).abs()
+    assert bool((err <= v.float().abs().amax(-1, keepdim=True) / 254 * 1.0001).all())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -21,6 +21,7 @@ from engine.kernels.cpu_native_attention import (
     plan_extend,
     supports,
 )
+from engine.kernels.kv_int8 import dequantize_rows, quantize_rows
 from engine.kernels.reference import reference_paged_attention, reference_paged_decode
 from tests.engine.kernels.kernel_batches import TOLERANCES, PagedBatch, build_paged_batch
 
@@ -47,6 +48,18 @@ DECODE_CASES = [
 ]
 
 
+def _caches(
+    batch: PagedBatch, cache_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's caches in ``cache_dtype`` (int8: quantized rows with their scales),
+    and the float32 values they hold (the reference's input)."""
+    if cache_dtype == torch.int8:
+        k, v = quantize_rows(batch.k_cache), quantize_rows(batch.v_cache)
+        return k, v, dequantize_rows(k), dequantize_rows(v)
+    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    return k, v, k.float(), v.float()
+
+
 def _decode(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
             threads: int | None = None) -> torch.Tensor:  # fmt: skip
     n = batch.q.shape[0]
@@ -58,7 +71,7 @@ def _decode(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.
     return out
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", DECODE_CASES)
 def test_decode_matches_reference(
     native: NativeKernels,
@@ -69,14 +82,15 @@ def test_decode_matches_reference(
     head_dim: int,
     block_size: int,
 ) -> None:
-    """A bfloat16 cache is widened exactly, so float32 tolerances hold for both."""
+    """A bfloat16 cache is widened exactly and an int8 cache dequantized as it is read,
+    so float32 tolerances against the values each holds hold for all three."""
     batch = build_paged_batch(
         [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
         torch.float32, "cpu",
     )  # fmt: skip
-    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     out = _decode(native, batch, k, v)
-    ref = reference_paged_decode(batch.q, k.float(), v.float(), batch.block_tables,
+    ref = reference_paged_decode(batch.q, k_ref, v_ref, batch.block_tables,
                                  batch.seq_lens, head_dim**-0.5)  # fmt: skip
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
 
@@ -109,7 +123,7 @@ def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: t
     return out
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("query_tile", [1, 16])
 @pytest.mark.parametrize(
     "query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size", EXTEND_CASES
@@ -129,9 +143,9 @@ def test_extend_matches_reference(
     query tile (the rows one work item holds) changes nothing but the speed."""
     batch = build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                               block_size, torch.float32, "cpu", seed=3)  # fmt: skip
-    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     scale = head_dim**-0.5
-    ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
+    ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
                                     batch.seq_lens, batch.block_tables, scale)  # fmt: skip
     out = _extend_each(native, batch, k, v, query_tile)
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
@@ -224,7 +238,7 @@ def test_why_it_cannot_build_is_said() -> None:
     chunks=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 70)), min_size=1, max_size=3),
     layout=st.sampled_from([(4, 2, 16), (9, 3, 64), (8, 1, 32), (2, 2, 128), (16, 2, 16)]),
     block_size=st.sampled_from([8, 16, 32]),
-    cache_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    cache_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8]),
     query_tile=st.integers(1, 20),
 )
 def test_any_chunks_match_reference(
@@ -243,9 +257,9 @@ def test_any_chunks_match_reference(
     seq_lens = [q + c for q, c in chunks]
     batch = build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                               block_size, torch.float32, "cpu", seed=sum(seq_lens))  # fmt: skip
-    k, v = batch.k_cache.to(cache_dtype), batch.v_cache.to(cache_dtype)
+    k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     scale = head_dim**-0.5
-    ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
+    ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
                                     batch.seq_lens, batch.block_tables, scale)  # fmt: skip
     out = _extend_each(native, batch, k, v, query_tile)
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])

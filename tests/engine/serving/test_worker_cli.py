@@ -71,6 +71,7 @@ def busy_port() -> Iterator[int]:
         (["--model", "kvtoll-tiny", "--device", "tpu"], "use cpu, cuda or cuda:N"),
         (["--model", "kvtoll-tiny", "--cuda-graphs"], "--cuda-graphs needs a CUDA device"),
         (["--model", "kvtoll-tiny", "--linear-quant", "int4"], "--linear-quant must be one of"),
+        (["--model", "kvtoll-tiny", "--kv-cache-dtype", "fp8"], "--kv-cache-dtype must be one of"),
     ],
 )
 def test_bad_flags_fail_with_one_line_and_exit_2(args: list[str], needle: str) -> None:

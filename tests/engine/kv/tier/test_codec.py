@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.kernels.kv_int8 import quantize_rows
 from engine.kv.hashing import BlockHash, TenantSalt
 from engine.kv.tier.codec import BlockKey, CorruptBlock, TierMode, decode, encode
 
@@ -31,6 +32,18 @@ def test_int8_is_within_half_a_step_of_each_scale_and_smaller() -> None:
     step = kv.abs().amax(dim=(2, 3, 4), keepdim=True) / 127
     assert bool(((out - kv).abs() <= step / 2 + 1e-6).all())
     assert len(data) < len(encode(KEY, kv, TierMode.RAW)) / 3
+
+
+@pytest.mark.parametrize("mode", list(TierMode))
+def test_an_int8_kv_cache_block_is_stored_as_it_is(mode: TierMode) -> None:
+    """A CPU engine's int8 KV cache (rows that carry their scales) round-trips exactly
+    in either mode: it is never quantized again."""
+    kv = quantize_rows(_block(torch.float32))  # [3, 2, 4, 2, 8 + 4]
+    shape = (3, 4, 2, kv.shape[-1])
+    data = encode(KEY, kv, mode)
+    out = decode(KEY, data, shape)
+    assert out.dtype == torch.int8 and torch.equal(out, kv)
+    assert data == encode(KEY, kv, TierMode.RAW)
 
 
 @pytest.mark.parametrize("mode", list(TierMode))

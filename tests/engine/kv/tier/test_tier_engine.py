@@ -9,6 +9,7 @@ import pytest
 from engine.api import GenerationChunk, GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine
+from engine.kernels import native_build
 from engine.kv.hashing import TenantSalt
 from engine.kv.tier.codec import TierMode
 from engine.kv.tier.config import TierConfig
@@ -21,8 +22,13 @@ PROMPT_B = [(11 * i + 5) % 250 + 1 for i in range(120)]
 SALT_A, SALT_B = TenantSalt(b"a" * 16), TenantSalt(b"b" * 16)
 
 
-def _engine(loaded: LoadedModel, tier: TierConfig | None, blocks: int = 10) -> LLMEngine:
-    return build_llm_engine(EngineConfig.tiny(num_kv_blocks=blocks, kv_tier=tier), loaded)
+def _engine(
+    loaded: LoadedModel, tier: TierConfig | None, blocks: int = 10, kv_cache_dtype: str = "auto"
+) -> LLMEngine:
+    return build_llm_engine(
+        EngineConfig.tiny(num_kv_blocks=blocks, kv_tier=tier, kv_cache_dtype=kv_cache_dtype),
+        loaded,
+    )
 
 
 def _last(
@@ -57,6 +63,25 @@ def test_evicted_prefix_is_loaded_back_and_answers_match_recompute(
     assert tiered.tier.num_loaded_blocks > 0
     if mode is TierMode.RAW:
         assert tokens == expected  # the same K/V bytes: the same greedy answer
+
+
+@pytest.mark.skipif(native_build.unavailable_reason() is not None,
+                    reason="an int8 KV cache needs the native CPU kernels")  # fmt: skip
+@pytest.mark.parametrize("mode", [TierMode.RAW, TierMode.INT8])
+def test_an_int8_kv_cache_round_trips_through_the_tier_exactly(
+    tiny_model: LoadedModel, mode: TierMode
+) -> None:
+    """int8 KV blocks carry their scales, so the tier stores them as they are (either
+    mode) and a reloaded prefix answers exactly as the int8 engine's recompute."""
+    plain = _engine(tiny_model, None, kv_cache_dtype="int8")
+    expected, _ = _run(plain, "a", PROMPT_A, SALT_A)
+    tiered = _engine(tiny_model, TierConfig(host_bytes=1 << 20, mode=mode),
+                     kv_cache_dtype="int8")  # fmt: skip
+    assert _run(tiered, "a", PROMPT_A, SALT_A) == (expected, 0)
+    _run(tiered, "b", PROMPT_B, SALT_A)  # evicts A's blocks
+    tokens, cached = _run(tiered, "a2", PROMPT_A, SALT_A)
+    assert tiered.tier is not None and tiered.tier.num_loaded_blocks > 0
+    assert (tokens, cached) == (expected, 96)
 
 
 def test_usage_says_which_tier_loaded_the_cached_tokens(tiny_model: LoadedModel) -> None:
