@@ -17,7 +17,7 @@ from typing import Any
 from bench.engine_http import prefix_ttft, run_workload, text_agreement, warm_up
 from bench.engine_servers import ServerSpec, kvtoll_spec, serving, vllm_available, vllm_spec
 
-HTTP_PEERS = ("kvtoll", "kvtoll-int8", "vllm")
+HTTP_PEERS = ("kvtoll", "kvtoll-int8", "kvtoll-kvint8", "kvtoll-int8-kvint8", "vllm")
 PREFIX_TOKENS = 1024
 
 
@@ -59,6 +59,10 @@ def _spec(name: str, dtype: str, log_dir: Path, cpus: str) -> ServerSpec:
         return kvtoll_spec(dtype, log_dir)
     if name == "kvtoll-int8":
         return kvtoll_spec(dtype, log_dir, linear_quant="int8")
+    if name == "kvtoll-kvint8":
+        return kvtoll_spec(dtype, log_dir, kv_cache_dtype="int8")
+    if name == "kvtoll-int8-kvint8":
+        return kvtoll_spec(dtype, log_dir, linear_quant="int8", kv_cache_dtype="int8")
     return vllm_spec(dtype, log_dir, cpus)
 
 

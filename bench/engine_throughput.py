@@ -313,7 +313,8 @@ def main() -> None:
         "--http", default="", metavar="PEERS",
         help="also measure these servers through the OpenAI HTTP API, one after the other: "
         "comma-separated, of kvtoll (its worker), kvtoll-int8 (the same with --linear-quant "
-        "int8, labelled quantized), kvtoll@CHECKOUT (another checkout's worker, from its .venv) "
+        "int8, labelled quantized), kvtoll-kvint8 (--kv-cache-dtype int8), kvtoll-int8-kvint8 "
+        "(both), kvtoll@CHECKOUT (another checkout's worker, from its .venv) "
         "and vllm (bench/install_peers.sh vllm)",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, help="also write the JSON here")

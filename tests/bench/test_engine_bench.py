@@ -15,10 +15,18 @@ from bench.engine_profile import PhaseTimer
 from bench.engine_servers import kvtoll_spec, serving
 from bench.engine_table import chart, merge, rows, table
 from engine.api import TINY_MODEL
+from engine.kernels import native_build
 
 
-def test_workload_through_a_real_worker(tmp_path: Path) -> None:
-    spec = kvtoll_spec("float32", tmp_path, model=TINY_MODEL, max_model_len=256)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_workload_through_a_real_worker(tmp_path: Path, kv_cache_dtype: str) -> None:
+    """The worker as the bench starts it, also with its int8 KV cache (where the
+    native kernels build: elsewhere the worker refuses it)."""
+    if kv_cache_dtype == "int8" and native_build.unavailable_reason() is not None:
+        pytest.skip("an int8 KV cache needs the native CPU kernels")
+    spec = kvtoll_spec("float32", tmp_path, model=TINY_MODEL, max_model_len=256,
+                       kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    assert (spec.name == "kvtoll-kvint8") == (kv_cache_dtype == "int8")
     prompts = [[5, 6, 7], [9] * 40, [11, 12]]
     max_tokens = [4, 9, 1]
     with serving(spec):
@@ -27,7 +35,7 @@ def test_workload_through_a_real_worker(tmp_path: Path) -> None:
     assert figures["output_tokens"] == again["output_tokens"] == 14
     assert 0 < figures["ttft_p50_s"] <= figures["ttft_p99_s"] <= figures["seconds"]
     assert texts == texts_again  # greedy: the same answers twice
-    assert "kvtoll-worker.log" in {p.name for p in tmp_path.iterdir()}
+    assert f"{spec.name}-worker.log" in {p.name for p in tmp_path.iterdir()}
 
 
 def test_text_agreement_counts_identical_and_common_prefixes() -> None:
