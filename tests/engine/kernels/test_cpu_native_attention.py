@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from engine.kernels import native_build
 from engine.kernels.cpu_decode_attention import plan_decode_rows
 from engine.kernels.cpu_native_attention import (
+    FEW_ITEMS_PER_THREAD,
+    QUERY_TILE,
     NativeKernels,
+    balanced_query_tile,
     load_native_kernels,
     native_decode_rows,
     native_extend,
@@ -108,7 +111,7 @@ EXTEND_CASES = [
 
 
 def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
-                 query_tile: int) -> torch.Tensor:  # fmt: skip
+                 query_tile: int | None) -> torch.Tensor:  # fmt: skip
     """Every sequence's chunk of ``batch`` through the native extend kernel, one call
     each, as [T, H, D] (NaN where a call wrote nothing)."""
     out = torch.full_like(batch.q, float("nan"))
@@ -124,14 +127,14 @@ def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: t
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
-@pytest.mark.parametrize("query_tile", [1, 16])
+@pytest.mark.parametrize("query_tile", [1, 16, None])
 @pytest.mark.parametrize(
     "query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size", EXTEND_CASES
 )
 def test_extend_matches_reference(
     native: NativeKernels,
     cache_dtype: torch.dtype,
-    query_tile: int,
+    query_tile: int | None,
     query_lens: list[int],
     seq_lens: list[int],
     num_heads: int,
@@ -270,3 +273,31 @@ def test_any_chunks_match_reference(
     out = torch.zeros_like(batch.q)
     native_decode_rows(native, plan, batch.q, k, v, scale, out)
     torch.testing.assert_close(out[rows], ref[rows], **TOLERANCES[torch.float32])
+
+
+@given(q_len=st.integers(1, 600), num_kv_heads=st.integers(1, 8), threads=st.integers(1, 8))
+def test_balanced_query_tile_evens_out_few_items(q_len: int, num_kv_heads: int,
+                                                 threads: int) -> None:  # fmt: skip
+    """At most QUERY_TILE rows an item, every row covered, and where the default tiles
+    make few items, a count of items every thread gets the same number of (unless
+    the chunk has too few rows to split that far)."""
+    tile = balanced_query_tile(q_len, num_kv_heads, threads)
+    assert 1 <= tile <= QUERY_TILE
+    default = -(-q_len // QUERY_TILE)
+
+    def even(size: int) -> bool:
+        return (-(-q_len // size) * num_kv_heads) % threads == 0
+
+    if default * num_kv_heads >= FEW_ITEMS_PER_THREAD * threads:
+        assert tile == -(-q_len // default)
+    elif any(even(-(-q_len // n)) for n in range(default, q_len + 1)):
+        assert even(tile)
+        # the fewest tiles (of as equal sizes as may be) that do
+        fewest = next(n for n in range(default, q_len + 1) if even(-(-q_len // n)))
+        assert tile == -(-q_len // fewest)
+    else:
+        assert tile == -(-q_len // default)
+
+
+def test_balanced_query_tile_on_smollm2_chunks() -> None:
+    assert [balanced_query_tile(n, 3, 2) for n in (1, 8, 16, 24, 64, 512)] == [1, 4, 8, 12, 16, 16]
