@@ -21,7 +21,7 @@ python_other   the rest of each engine step (Python between the phases)
 The timers cost ~1 us a call (~300 calls a step), charged to the phase they wrap;
 the untimed run's seconds are reported beside the timed run's for comparison.
 
-    python -m bench.engine_profile [--dtype bfloat16] [--quick]
+    python -m bench.engine_profile [--dtype bfloat16] [--quick] [--kv-cache-dtype int8]
 """
 
 from __future__ import annotations
@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="16 requests, shorter prompts and outputs")
     ap.add_argument("--no-fused", action="store_true", help="eager small ops (the 'before')")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                    help="int8: the quantized KV cache (engine.kernels.kv_int8)")
     args = ap.parse_args()
     if args.quick:
         work = make_workload(16, (32, 256), (16, 64), seed=0)
@@ -171,9 +173,11 @@ def main() -> None:
         work = make_workload(64, (32, 512), (32, 256), seed=0)
     config = EngineConfig(dtype=args.dtype, kv_cache_bytes=2 << 30, max_num_seqs=64,
                           max_num_batched_tokens=512, max_model_len=2048,
-                          fused_ops=not args.no_fused)  # fmt: skip
+                          fused_ops=not args.no_fused,
+                          kv_cache_dtype=args.kv_cache_dtype)  # fmt: skip
     result = {"cpu": cpu_description(), "dtype": args.dtype, "requests": len(work.prompts),
-              "fused_ops": config.fused_ops, "load_average": list(os.getloadavg()),
+              "fused_ops": config.fused_ops, "kv_cache_dtype": config.kv_cache_dtype,
+              "load_average": list(os.getloadavg()),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
               "profile": profile(load_model(config), config, work)}  # fmt: skip
     print(json.dumps(result, indent=2))
