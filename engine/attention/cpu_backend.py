@@ -6,8 +6,7 @@ torch's fused attention at start-up (:meth:`CpuAttentionBackend.prepare`), else 
 :class:`engine.attention.torch_backend.TorchAttentionBackend`, which also writes the KV
 and serves caches that are neither float32 nor bfloat16. A bfloat16 model's queries
 are widened to float32 for the kernels and their outputs rounded back. int8 caches
-(:mod:`engine.kernels.kv_int8`) run in the native kernels alone, decode and prefill,
-and are written by quantizing each row.
+(:mod:`engine.kernels.kv_int8`) run in the native kernels alone, decode and prefill.
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -44,7 +43,7 @@ from engine.kernels.cpu_native_attention import (
     plan_extend,
     supports,
 )
-from engine.kernels.kv_int8 import head_dim_of, quantize_rows
+from engine.kernels.kv_int8 import head_dim_of
 
 log = logging.getLogger(__name__)
 
@@ -210,29 +209,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
         log.info("cpu attention: prefill probe native %.2f ms, torch %.2f ms",
                  best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
         return best["native"] <= best["torch"]
-
-    def write_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        """As the torch backend, and into int8 caches each row quantized with its scale
-        (the eager path; the fused one writes them natively, bit-identically)."""
-        if k_cache.dtype != torch.int8:
-            super().write_kv(k, v, k_cache, v_cache, slot_mapping)
-            return
-        if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
-            raise ValueError(
-                f"k {tuple(k.shape)}, v {tuple(v.shape)}, slots {tuple(slot_mapping.shape)}"
-            )
-        num_blocks, block_size, num_kv_heads, width = k_cache.shape
-        flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, width)
-        flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, width)
-        flat_k.index_copy_(0, slot_mapping, quantize_rows(k))
-        flat_v.index_copy_(0, slot_mapping, quantize_rows(v))
 
     def _prefill_one(
         self,

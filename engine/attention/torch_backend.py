@@ -26,6 +26,7 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.decode_groups import DEFAULT_GROUP_COST, group_by_length
 from engine.dtype_choice import native_bf16
+from engine.kernels.kv_int8 import quantize_rows
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,18 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Store the new tokens' K/V at ``slot_mapping`` (in place)."""
+        """Store the new tokens' K/V at ``slot_mapping`` (in place); into int8 caches
+        each row quantized with its scale (:mod:`engine.kernels.kv_int8`, bit-identical
+        to the fused native writer)."""
         if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
             raise ValueError(
                 f"k {tuple(k.shape)}, v {tuple(v.shape)}, slots {tuple(slot_mapping.shape)}"
             )
-        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-        flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-        flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-        flat_k.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        flat_v.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        num_blocks, block_size, num_kv_heads, width = k_cache.shape
+        flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, width)
+        flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, width)
+        flat_k.index_copy_(0, slot_mapping, _cache_rows(k, k_cache.dtype))
+        flat_v.index_copy_(0, slot_mapping, _cache_rows(v, v_cache.dtype))
 
     def forward(
         self,
@@ -338,6 +341,11 @@ class TorchAttentionBackend:
             qh, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
         )
         return o[0].transpose(0, 1).reshape(q_len, q.shape[1], q.shape[2])
+
+
+def _cache_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """New K or V rows as a cache of ``dtype`` stores them."""
+    return quantize_rows(x) if dtype == torch.int8 else x.to(dtype)
 
 
 def _attend(

@@ -187,19 +187,18 @@ def check_tensors(
 ) -> None:  # fmt: skip
     """ValueError unless a kernel takes these; ``int8``: int8 caches too (the native
     kernels: rows of head_dim + 4, :mod:`engine.kernels.kv_int8`)."""
-    if int8 and k_cache.dtype == torch.int8:
-        _check_int8_caches(q, k_cache, v_cache, out)
-        return
     for name, t in (("q", q), ("out", out)):
         if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got "
                              f"{t.dtype} on {t.device} (contiguous={t.is_contiguous()})")
+    dtypes = (*CACHE_DTYPES, torch.int8) if int8 else CACHE_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if (t.device.type != "cpu" or t.dtype not in CACHE_DTYPES or not t.is_contiguous()
+        if (t.device.type != "cpu" or t.dtype not in dtypes or not t.is_contiguous()
                 or t.dtype != k_cache.dtype):
-            raise ValueError(f"{name}: need a contiguous float32 or bfloat16 CPU tensor (both "
-                             f"caches alike), got {t.dtype} on {t.device} "
-                             f"(contiguous={t.is_contiguous()})")
+            raise ValueError(f"{name}: need a contiguous "
+                             f"{'float32, bfloat16 or int8' if int8 else 'float32 or bfloat16'} "
+                             f"CPU tensor (both caches alike), got {t.dtype} on {t.device} "
+                             f"(contiguous={t.is_contiguous()})")  # fmt: skip
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
                          f"v_cache {tuple(v_cache.shape)}")
@@ -207,31 +206,12 @@ def check_tensors(
         raise ValueError(f"out {tuple(out.shape)} != q {tuple(q.shape)}")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
+    width = row_width(head_dim) if k_cache.dtype == torch.int8 else head_dim
+    if k_cache.shape[3] != width or num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads over {num_kv_heads} KV heads, "
-                         f"head_dim {head_dim} vs cache {k_cache.shape[3]}")
-
-
-def _check_int8_caches(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
-) -> None:
-    for name, t in (("q", q), ("out", out)):
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got {t.dtype}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.device.type != "cpu" or t.dtype != torch.int8 or not t.is_contiguous():
-            raise ValueError(f"{name}: need a contiguous int8 CPU tensor (both caches "
-                             f"alike), got {t.dtype} on {t.device}")  # fmt: skip
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
-                         f"v_cache {tuple(v_cache.shape)}")
-    if out.shape != q.shape:
-        raise ValueError(f"out {tuple(out.shape)} != q {tuple(q.shape)}")
-    num_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
-    if k_cache.shape[3] != row_width(head_dim) or num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads over {num_kv_heads} KV heads, head_dim "
-                         f"{head_dim} vs int8 cache rows of {k_cache.shape[3]} bytes "
-                         f"(head_dim + {SCALE_BYTES})")  # fmt: skip
+                         f"head_dim {head_dim} vs cache {k_cache.shape[3]}"
+                         + (f" (int8 rows: head_dim + {SCALE_BYTES})" if width != head_dim
+                            else ""))  # fmt: skip
 
 
 def _check_indices(

@@ -48,6 +48,7 @@ MAX_QUERY_TILE = 64  # an item keeps its rows' state on its thread's stack
 FEW_ITEMS_PER_THREAD = 4
 
 
+@functools.lru_cache(maxsize=4096)  # every layer of a step asks for the same chunks
 def balanced_query_tile(q_len: int, num_kv_heads: int, threads: int) -> int:
     """Query rows per work item for a chunk of ``q_len`` rows: :data:`QUERY_TILE`, or,
     where that makes few items (tiles x KV heads) and they do not divide evenly over

@@ -41,13 +41,14 @@ inline __m512 load16(const int8_t* p) {
 
 // Elements of a KV head's row beyond its D values: an int8 row's float32 scale.
 template <typename T>
-constexpr int row_extra() { return std::is_same_v<T, int8_t> ? 4 : 0; }
-constexpr bool is_int8(int extra) { return extra != 0; }
+constexpr bool is_int8 = std::is_same_v<T, int8_t>;
+template <typename T>
+constexpr int row_extra() { return is_int8<T> ? 4 : 0; }
 
 // The dequantization scale of a head's row (1 for float32 and bfloat16 rows).
 template <typename T>
 inline float row_scale(const T* row, int d) {
-    if constexpr (std::is_same_v<T, int8_t>) {
+    if constexpr (is_int8<T>) {
         float s;
         memcpy(&s, row + d, sizeof(s));
         return s;
@@ -214,7 +215,7 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
             const T* keys = k_cache + kvh * HS;
             tile_scores<C, G>(
                 qg, [keys, &base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);
-            if constexpr (is_int8(row_extra<T>())) {  // q . (scale k) = scale (q . k)
+            if constexpr (is_int8<T>) {  // q . (scale k) = scale (q . k)
                 alignas(64) float ks[TILE];
                 for (int i = 0; i < TILE; i++) ks[i] = row_scale(keys + base[i], D);
                 const __m512 kscale = _mm512_load_ps(ks);
@@ -232,7 +233,7 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
                 __m512 vv[C];
                 for (int c = 0; c < C; c++) vv[c] = load16(vrow + 16 * c);
                 for (int g = 0; g < G; g++) {
-                    __m512 w = _mm512_set1_ps(is_int8(row_extra<T>()) ? p[g][i] * vs : p[g][i]);
+                    __m512 w = _mm512_set1_ps(is_int8<T> ? p[g][i] * vs : p[g][i]);
                     for (int c = 0; c < C; c++) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
                 }
             }
@@ -305,7 +306,7 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
         for (int i = 0; i < TILE; i++) {
             if (i < n) {
                 const int64_t at = pg.at(t0 + i) + kvh * HS;
-                if constexpr (is_int8(row_extra<T>())) {  // dequantized as widened
+                if constexpr (is_int8<T>) {  // dequantized as widened
                     const __m512 ks = _mm512_set1_ps(row_scale(k_cache + at, D));
                     const __m512 vs = _mm512_set1_ps(row_scale(v_cache + at, D));
                     for (int c = 0; c < C; c++) {
