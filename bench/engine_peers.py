@@ -52,17 +52,31 @@ def cpu_lock(path: Path | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def split_budget(name: str) -> tuple[str, int | None]:
+    """``kvtoll:512`` -> ("kvtoll", 512): a kvtoll peer with its step token budget set;
+    a name without ``:N`` keeps the worker's default (None)."""
+    base, sep, budget = name.rpartition(":")
+    if not sep or not base.startswith("kvtoll"):
+        return name, None
+    if not budget.isdigit() or int(budget) < 1:
+        raise ValueError(f"bad step token budget in HTTP peer {name!r} (kvtoll...:N, N >= 1)")
+    return base, int(budget)
+
+
 def _spec(name: str, dtype: str, log_dir: Path, cpus: str) -> ServerSpec:
+    name, budget = split_budget(name)
     if name.startswith("kvtoll@"):  # another checkout's worker, e.g. kvtoll@/work/main
-        return kvtoll_spec(dtype, log_dir, checkout=Path(name.removeprefix("kvtoll@")))
+        return kvtoll_spec(dtype, log_dir, checkout=Path(name.removeprefix("kvtoll@")),
+                           max_batched_tokens=budget)  # fmt: skip
     if name == "kvtoll":
-        return kvtoll_spec(dtype, log_dir)
+        return kvtoll_spec(dtype, log_dir, max_batched_tokens=budget)
     if name == "kvtoll-int8":
-        return kvtoll_spec(dtype, log_dir, linear_quant="int8")
+        return kvtoll_spec(dtype, log_dir, linear_quant="int8", max_batched_tokens=budget)
     if name == "kvtoll-kvint8":
-        return kvtoll_spec(dtype, log_dir, kv_cache_dtype="int8")
+        return kvtoll_spec(dtype, log_dir, kv_cache_dtype="int8", max_batched_tokens=budget)
     if name == "kvtoll-int8-kvint8":
-        return kvtoll_spec(dtype, log_dir, linear_quant="int8", kv_cache_dtype="int8")
+        return kvtoll_spec(dtype, log_dir, linear_quant="int8", kv_cache_dtype="int8",
+                           max_batched_tokens=budget)  # fmt: skip
     return vllm_spec(dtype, log_dir, cpus)
 
 
@@ -71,6 +85,17 @@ async def _measure(spec: ServerSpec, prompts: Sequence[Sequence[int]],
     figures, texts = await run_workload(spec.endpoint, prompts, max_tokens)
     figures["prefix_reuse"] = await prefix_ttft(spec.endpoint, PREFIX_TOKENS)
     return figures, texts
+
+
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median output tokens/s (the lower middle of an even count), and with
+    several runs every run's tokens/s in order (``runs_output_tokens_per_s``)."""
+    if len(runs) == 1:
+        return runs[0]
+    ranked = sorted(runs, key=lambda r: r["output_tokens_per_s"])
+    chosen = dict(ranked[(len(ranked) - 1) // 2])
+    chosen["runs_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in runs]
+    return chosen
 
 
 def run_http_peers(
@@ -85,11 +110,15 @@ def run_http_peers(
     """Each named server's figures (or why it was skipped), in order, and the greedy
     answers' agreement of every later server with the first one measured. With
     ``lock``, each server starts (vLLM compiles for minutes) and warms up without it
-    and is measured holding it (:func:`cpu_lock`)."""
+    and is measured holding it (:func:`cpu_lock`). A name listed more than once (A,B,A,B:
+    interleaved rounds on a noisy machine) is measured each time; its figures are then
+    the run of median throughput, with every run's tokens/s in ``runs_output_tokens_per_s``."""
     out: dict[str, Any] = {}
     texts: dict[str, list[str]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
     for name in names:
-        if name not in HTTP_PEERS and not name.startswith("kvtoll@"):
+        base, _ = split_budget(name)
+        if base not in HTTP_PEERS and not base.startswith("kvtoll@"):
             raise ValueError(f"unknown HTTP peer {name!r} (one of {', '.join(HTTP_PEERS)}, "
                              "or kvtoll@CHECKOUT)")  # fmt: skip
         why = vllm_available() if name == "vllm" else None
@@ -102,7 +131,8 @@ def run_http_peers(
             with cpu_lock(lock):
                 figures, texts[name] = asyncio.run(_measure(spec, prompts, max_tokens))
         figures["startup_s"] = round(startup_s, 1)
-        out[name] = figures
+        runs.setdefault(name, []).append(figures)
+        out[name] = median_run(runs[name])
     measured = list(texts)
     for other in measured[1:]:
         out[other]["greedy_text_agreement_with_" + measured[0]] = text_agreement(

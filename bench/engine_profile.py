@@ -166,16 +166,20 @@ def main() -> None:
     ap.add_argument("--no-fused", action="store_true", help="eager small ops (the 'before')")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
                     help="int8: the quantized KV cache (engine.kernels.kv_int8)")
+    ap.add_argument("--max-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
+                    help="step token budget (default: the engine's; figures before 2026-12-06 "
+                    "used 512)")
     args = ap.parse_args()
     if args.quick:
         work = make_workload(16, (32, 256), (16, 64), seed=0)
     else:
         work = make_workload(64, (32, 512), (32, 256), seed=0)
     config = EngineConfig(dtype=args.dtype, kv_cache_bytes=2 << 30, max_num_seqs=64,
-                          max_num_batched_tokens=512, max_model_len=2048,
+                          max_num_batched_tokens=args.max_batched_tokens, max_model_len=2048,
                           fused_ops=not args.no_fused,
                           kv_cache_dtype=args.kv_cache_dtype)  # fmt: skip
     result = {"cpu": cpu_description(), "dtype": args.dtype, "requests": len(work.prompts),
+              "max_num_batched_tokens": config.max_num_batched_tokens,
               "fused_ops": config.fused_ops, "kv_cache_dtype": config.kv_cache_dtype,
               "load_average": list(os.getloadavg()),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),

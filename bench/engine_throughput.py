@@ -315,7 +315,8 @@ def main() -> None:
         "comma-separated, of kvtoll (its worker), kvtoll-int8 (the same with --linear-quant "
         "int8, labelled quantized), kvtoll-kvint8 (--kv-cache-dtype int8), kvtoll-int8-kvint8 "
         "(both), kvtoll@CHECKOUT (another checkout's worker, from its .venv) "
-        "and vllm (bench/install_peers.sh vllm)",
+        "and vllm (bench/install_peers.sh vllm); a kvtoll peer with :N (kvtoll:512) runs "
+        "with --max-batched-tokens N (default: the worker's own, as vLLM runs on its own)",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument(
@@ -351,8 +352,7 @@ def main() -> None:
     config = EngineConfig(
         dtype=args.dtype,
         kv_cache_bytes=3 << 30,
-        max_num_seqs=64,
-        max_num_batched_tokens=512,
+        max_num_seqs=64,  # the step token budget: the engine's default, as the worker's
         max_model_len=2048,
         num_threads=args.threads,
     )

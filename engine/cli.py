@@ -53,7 +53,7 @@ def engine_config(
     kv_cache_mb: int | None = None,
     max_model_len: int | None = None,
     max_num_seqs: int = 64,
-    max_batched_tokens: int = 512,
+    max_batched_tokens: int = 2048,
     max_n: int = 8,
     attention_backend: str = "auto",
     device: str = "cpu",
@@ -242,7 +242,7 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="Context length (default: the model's)")
         ] = None,
         max_num_seqs: Annotated[int, typer.Option(help="Most sequences per step")] = 64,
-        max_batched_tokens: Annotated[int, typer.Option(help="Token budget per step")] = 512,
+        max_batched_tokens: Annotated[int, typer.Option(help="Token budget per step")] = 2048,
         max_n: Annotated[int, typer.Option(help="Largest n (choices) per request")] = 8,
         device: Annotated[
             str | None, typer.Option(help="cpu, cuda or cuda:N (default: KVTOLL_DEVICE or cpu)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.engine_http import run_workload, text_agreement
+from bench.engine_peers import median_run, split_budget
 from bench.engine_profile import PhaseTimer
 from bench.engine_servers import kvtoll_spec, serving
 from bench.engine_table import chart, merge, rows, table
@@ -78,6 +79,33 @@ def test_rows_give_ratios_to_vllm_and_the_bound(tmp_path: Path) -> None:
     assert "Test CPU" in table(_result()) and "AMX: no" in table(_result())
     chart(_result(), tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_budget_suffix_sets_the_workers_step_budget(tmp_path: Path) -> None:
+    assert split_budget("kvtoll:512") == ("kvtoll", 512)
+    assert split_budget("kvtoll-kvint8:2048") == ("kvtoll-kvint8", 2048)
+    assert split_budget("kvtoll@/work/other:512") == ("kvtoll@/work/other", 512)
+    assert split_budget("kvtoll") == ("kvtoll", None)
+    assert split_budget("vllm") == ("vllm", None)
+    for bad in ("kvtoll:0", "kvtoll:x", "kvtoll:"):
+        with pytest.raises(ValueError, match="budget"):
+            split_budget(bad)
+    spec = kvtoll_spec("float32", tmp_path, max_batched_tokens=512)
+    assert spec.name == "kvtoll:512"
+    assert spec.command[spec.command.index("--max-batched-tokens") + 1] == "512"
+    assert "--max-batched-tokens" not in kvtoll_spec("float32", tmp_path).command
+    result = _result()
+    result["http"]["kvtoll-kvint8:512"] = {"output_tokens_per_s": 90.0}  # type: ignore[index]
+    got = {r["peer"]: r for r in rows(result)}
+    assert got["kvtoll-kvint8 QUANTIZED, 512-token steps (HTTP worker)"]["vs_vllm_cpu"] == 0.9
+
+
+def test_repeated_peers_report_their_median_run() -> None:
+    runs = [{"output_tokens_per_s": t, "ttft_p50_s": t / 100} for t in (300.0, 100.0, 200.0, 400.0)]
+    got = median_run(runs)
+    assert got["output_tokens_per_s"] == 200.0 and got["ttft_p50_s"] == 2.0
+    assert got["runs_output_tokens_per_s"] == [300.0, 100.0, 200.0, 400.0]
+    assert median_run(runs[:1]) == runs[0] and "runs_output_tokens_per_s" not in runs[2]
 
 
 def test_merge_joins_split_runs_and_refuses_other_workloads() -> None:
