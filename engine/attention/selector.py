@@ -1,7 +1,8 @@
 """Which attention backend runs: ``auto`` = Triton on CUDA (when Triton is installed),
-the CPU kernel backend on CPU (the native AVX-512 kernels, or decode in a numba kernel,
-with the rest in torch; all launched on numba's threads, so torch alone where numba has
-no thread-safe parallel back end), torch elsewhere;
+the CPU kernel backend on CPU (the native AVX-512 kernels, launched on torch's OpenMP
+threads, or else decode in a numba kernel on numba's threads, with the rest in torch;
+torch alone where numba has no thread-safe parallel back end for that fallback), torch
+elsewhere;
 ``torch``, ``cpu`` and ``triton`` force one. Triton on a CPU device is allowed
 only under the Triton interpreter (``TRITON_INTERPRET=1``), which tests use.
 """
@@ -24,8 +25,8 @@ def triton_available() -> bool:
 
 
 def cpu_kernels_available() -> bool:
-    """Whether the CPU kernels (numba's, and the native ones, which numba launches) can
-    run here: numba has a thread-safe parallel back end (libgomp or libtbb)."""
+    """Whether the CPU kernel backend can run here, whichever of its kernels build:
+    numba has a thread-safe parallel back end (libgomp or libtbb) for its fallback."""
     from engine.kernels.numba_threads import threadsafe_parallelism_available
 
     return threadsafe_parallelism_available()

@@ -2,10 +2,11 @@
 K/V from the block pool in place, one pass of online softmax each.
 
 The kernels are ``native/cpu_attention.cpp`` (built and loaded by
-:mod:`engine.kernels.native_build`); here are their launchers, numba functions that
-hand one work item at a time to numba's threads (a decode row; a KV head over a tile
-of :data:`QUERY_TILE` query rows of a prefill chunk, the last tiles, which see the most
-keys, first), and the checks that go before them: the kernels trust every index.
+:mod:`engine.kernels.native_build`), with their launchers: one ctypes call per layer
+hands one work item at a time to the OpenMP threads torch's ops run on (a decode row;
+a KV head over a tile of :data:`QUERY_TILE` query rows of a prefill chunk, the last
+tiles, which see the most keys, first). Here are the checks that go before them: the
+kernels trust every index.
 Shapes and layout are those of :mod:`engine.kernels.cpu_decode_attention`; q and out
 are float32, the caches float32 or bfloat16, head_dim one of
 :data:`engine.kernels.native_build.HEAD_DIMS` and up to ``MAX_GROUP`` query heads per
@@ -15,7 +16,7 @@ Why: on a Zen 4 EPYC (2 threads, bfloat16) torch's fused CPU attention ran prefi
 ~47 GFLOP/s (6.4 ms per layer for 512 causal tokens) and the numba decode kernels at
 ~24 GFLOP/s, compute-bound with the K/V in cache (see bench/cpu_attention.py).
 
-kernels (C++) -> launchers (``_decode_driver``, ``_extend_driver``) -> public functions
+kernels and launchers (C++, OpenMP) -> public functions
 (:func:`native_decode_rows`, :func:`plan_extend`, :func:`native_extend`). The reference
 is :mod:`engine.kernels.reference`.
 """
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 
@@ -39,7 +39,6 @@ from engine.kernels.cpu_decode_attention import (
     check_planned,
     check_tensors,
 )
-from engine.kernels.numba_threads import launch_threads, numba_launch
 
 QUERY_TILE = 16  # query rows of a prefill chunk per work item (times the heads of a KV head)
 MAX_QUERY_TILE = 64  # an item keeps its rows' state on its thread's stack
@@ -69,45 +68,19 @@ def balanced_query_tile(q_len: int, num_kv_heads: int, threads: int) -> int:
 Kernel = Callable[..., Any]
 
 
-def _decode_driver(fn: Any) -> Kernel:
-    @numba.njit(parallel=True, nogil=True)
-    def drive(  # type: ignore[no-untyped-def]  # numba-typed
-        head_dim, group, q, k_cache, v_cache, block_tables, seq_lens, q_rows, seq_ids, scale, out
-    ):
-        bad = 0
-        for r in numba.prange(q_rows.shape[0]):
-            qi, seq = q_rows[r], seq_ids[r]
-            bad += fn(head_dim, group, q[qi].ctypes.data, k_cache.ctypes.data,
-                      v_cache.ctypes.data, block_tables[seq].ctypes.data, seq_lens[seq],
-                      k_cache.shape[1], k_cache.shape[2], scale, out[qi].ctypes.data)  # fmt: skip
-        return bad
-
-    return drive
+def _ptr(a: np.ndarray) -> int:
+    return int(a.ctypes.data)
 
 
-def _extend_driver(fn: Any) -> Kernel:
-    @numba.njit(parallel=True, nogil=True)
-    def drive(  # type: ignore[no-untyped-def]  # numba-typed
-        head_dim, group, q, k_cache, v_cache, table, offset, scale, out, tile
-    ):
-        q_len, num_kv_heads = q.shape[0], k_cache.shape[2]
-        tiles = (q_len + tile - 1) // tile
-        bad = 0
-        for item in numba.prange(tiles * num_kv_heads):
-            a = (tiles - 1 - item // num_kv_heads) * tile
-            bad += fn(head_dim, group, q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data,
-                      table.ctypes.data, offset, a, min(a + tile, q_len),
-                      item % num_kv_heads, k_cache.shape[1], num_kv_heads, scale,
-                      out.ctypes.data)  # fmt: skip
-        return bad
-
-    return drive
+def launch_threads(num_threads: int | None) -> int:
+    """The OpenMP threads a launch runs on: ``num_threads``, default torch's intra-op
+    threads (the same runtime's, so one setting governs both)."""
+    return num_threads or torch.get_num_threads()
 
 
 @dataclass(frozen=True)
 class NativeKernels:
-    """The loaded library and the launchers for each cache dtype (numba compiles each
-    launcher at its first call, under a second)."""
+    """The loaded library and its launchers for each cache dtype."""
 
     library: native_build.NativeLibrary
     decode: dict[torch.dtype, Kernel]
@@ -122,12 +95,10 @@ def load_native_kernels(cache_dir: Path) -> NativeKernels:
     lib = native_build.load(cache_dir)
     return NativeKernels(
         lib,
-        {torch.float32: _decode_driver(lib.decode_f32),
-         torch.bfloat16: _decode_driver(lib.decode_bf16),
-         torch.int8: _decode_driver(lib.decode_int8)},
-        {torch.float32: _extend_driver(lib.extend_f32),
-         torch.bfloat16: _extend_driver(lib.extend_bf16),
-         torch.int8: _extend_driver(lib.extend_int8)},
+        {torch.float32: lib.decode_f32, torch.bfloat16: lib.decode_bf16,
+         torch.int8: lib.decode_int8},
+        {torch.float32: lib.extend_f32, torch.bfloat16: lib.extend_bf16,
+         torch.int8: lib.extend_int8},
     )  # fmt: skip
 
 
@@ -169,11 +140,19 @@ def native_decode_rows(
     if not rows.num_rows:
         return
     k, v = cache_arrays(k_cache, v_cache)
-    with numba_launch(num_threads):
-        bad = kernels.decode[k_cache.dtype](
-            head_dim, group, q.numpy(), k, v, rows.block_tables, rows.seq_lens, rows.q_rows,
-            rows.seq_ids, float(scale), out.numpy(),
-        )  # fmt: skip
+    tables = rows.block_tables
+    if tables.dtype != np.int32 or tables.ndim != 2 or tables.strides[1] != 4:
+        raise ValueError("planned block tables must be [sequences, blocks] int32 rows")
+    for name, a, dtype in (("seq_lens", rows.seq_lens, np.int32), ("q_rows", rows.q_rows, np.int64),
+                           ("seq_ids", rows.seq_ids, np.int64)):  # fmt: skip
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            raise ValueError(f"planned {name} must be contiguous {dtype.__name__}")
+    bad = kernels.decode[k_cache.dtype](
+        head_dim, group, q.data_ptr(), _ptr(k), _ptr(v), _ptr(tables), tables.strides[0] // 4,
+        _ptr(rows.seq_lens), _ptr(rows.q_rows), _ptr(rows.seq_ids), rows.num_rows,
+        k_cache.shape[1], k_cache.shape[2], float(scale), out.data_ptr(),
+        launch_threads(num_threads),
+    )  # fmt: skip
     if bad:
         raise RuntimeError("native decode kernel refused its arguments")
 
@@ -231,10 +210,10 @@ def native_extend(
         raise ValueError(f"query_tile must be in [1, {MAX_QUERY_TILE}], got {query_tile}")
     head_dim, group = _check_layout(q, k_cache)
     k, v = cache_arrays(k_cache, v_cache)
-    with numba_launch(num_threads):
-        bad = kernels.extend[k_cache.dtype](
-            head_dim, group, q.numpy(), k, v, chunk.table, chunk.seq_len - chunk.q_len,
-            float(scale), out.numpy(), query_tile,
-        )  # fmt: skip
+    bad = kernels.extend[k_cache.dtype](
+        head_dim, group, q.data_ptr(), chunk.q_len, _ptr(k), _ptr(v), _ptr(chunk.table),
+        chunk.seq_len - chunk.q_len, k_cache.shape[1], k_cache.shape[2], float(scale),
+        out.data_ptr(), query_tile, launch_threads(num_threads),
+    )  # fmt: skip
     if bad:
         raise RuntimeError("native extend kernel refused its arguments")

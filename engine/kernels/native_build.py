@@ -37,6 +37,9 @@ CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
              "-Wno-maybe-uninitialized")  # fmt: skip
 # The fused ops round where eager torch rounds: no a*b+c contracted into one FMA.
 FUSED_FLAGS = ("-ffp-contract=off",)
+# The attention launchers run their items on OpenMP threads: torch's own runtime, since
+# the library's libgomp.so.1 resolves to the copy torch has loaded (cpu_attention.cpp).
+ATTENTION_FLAGS = ("-fopenmp",)
 REQUIRED_CPU_FLAGS = frozenset({"avx512f"})
 log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128)  # the head sizes the library is built for
@@ -72,8 +75,9 @@ def unavailable_reason(flags: frozenset[str] | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class NativeLibrary:
-    """The loaded library and its entry points (ctypes functions), by cache dtype: float32,
-    bfloat16, and int8 rows with their scales (:mod:`engine.kernels.kv_int8`)."""
+    """The loaded library and its launchers (ctypes functions: every decode row of a
+    step, every work item of a prefill chunk), by cache dtype: float32, bfloat16, and
+    int8 rows with their scales (:mod:`engine.kernels.kv_int8`)."""
 
     path: Path  # the shared library
     decode_f32: Callable[..., int]
@@ -124,13 +128,15 @@ def build(cache_dir: Path, source: Path = SOURCE, extra_flags: tuple[str, ...] =
 
 
 def _entry(lib: ctypes.CDLL, name: str, extend: bool) -> Any:
-    i32, ptr = ctypes.c_int32, ctypes.c_void_p
+    i32, i64, ptr, f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     fn = getattr(lib, name)
-    if extend:  # head_dim, group, q, k, v, table, offset, a, b, kvh, block_size, hkv, scale, out
-        fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32,
-                       ctypes.c_float, ptr]  # fmt: skip
-    else:  # head_dim, group, q, k, v, table, length, block_size, hkv, scale, out
-        fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, ptr]
+    if extend:  # head_dim, group, q, q_len, k, v, table, offset, block_size, hkv, scale,
+        # out, tile, threads
+        fn.argtypes = [i32, i32, ptr, i32, ptr, ptr, ptr, i32, i32, i32, f32, ptr, i32, i32]
+    else:  # head_dim, group, q, k, v, tables, table_stride, seq_lens, q_rows, seq_ids,
+        # rows, block_size, hkv, scale, out, threads
+        fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i32, i32, i32, f32,
+                       ptr, i32]  # fmt: skip
     fn.restype = i32
     return fn
 
@@ -140,14 +146,16 @@ def load(cache_dir: Path) -> NativeLibrary:
     """Build (if needed) and load the library from ``cache_dir``. Memoised per process:
     the loaded library never changes, and loading it again would only add another
     handle to the same code."""
-    path = build(cache_dir)
+    path = build(cache_dir, extra_flags=ATTENTION_FLAGS)
+    import torch  # noqa: F401  # its libgomp first, so that the library's resolves to it
+
     lib = ctypes.CDLL(str(path))
     return NativeLibrary(
         path,
-        _entry(lib, "kvt_decode_row_f32", extend=False),
-        _entry(lib, "kvt_decode_row_bf16", extend=False),
-        _entry(lib, "kvt_extend_item_f32", extend=True),
-        _entry(lib, "kvt_extend_item_bf16", extend=True),
-        _entry(lib, "kvt_decode_row_int8", extend=False),
-        _entry(lib, "kvt_extend_item_int8", extend=True),
+        _entry(lib, "kvt_decode_rows_f32", extend=False),
+        _entry(lib, "kvt_decode_rows_bf16", extend=False),
+        _entry(lib, "kvt_extend_items_f32", extend=True),
+        _entry(lib, "kvt_extend_items_bf16", extend=True),
+        _entry(lib, "kvt_decode_rows_int8", extend=False),
+        _entry(lib, "kvt_extend_items_int8", extend=True),
     )

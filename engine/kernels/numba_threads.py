@@ -1,6 +1,7 @@
 """numba's parallel launches from the engine's threads: which back ends allow them, and
-the thread count and chunk size around each launch (shared by the numba decode kernels
-and the native kernels' launchers)."""
+the thread count and chunk size around each launch (the numba decode kernels, the CPU
+backend's fallback where the native kernels, which run on torch's OpenMP threads, do
+not build)."""
 
 from __future__ import annotations
 

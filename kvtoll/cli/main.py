@@ -32,17 +32,17 @@ class LazyCommand:
     environ: tuple[tuple[str, str], ...] = ()
 
 
-# For the commands that run a CPU engine. A step alternates between two OpenMP runtimes:
-# torch's libgomp (matmuls, torch ops) and the system's, which numba's parallel layer
-# loads (the attention kernels' launchers). An idle libgomp worker spins (pause loops)
-# for up to ~300,000 iterations before it sleeps, so while one runtime works, the other's
-# idle workers spin on the same cores; on 2 cores a parallel region then waits for a
-# thread that has half a core, and other processes' threads make it worse. PASSIVE:
-# idle workers sleep at once (a futex wake per parallel region instead). On the 2-core
+# For the commands that run a CPU engine. An idle libgomp worker spins (pause loops) for
+# up to ~300,000 iterations before it sleeps, on cores that the engine's other threads
+# need: the fused small ops' second thread, the event loop, HTTP clients, and (before
+# the native attention moved onto torch's runtime) a second OpenMP runtime's workers. On
+# 2 cores a parallel region then waits for a thread that has half a core. PASSIVE: idle
+# workers sleep at once (a futex wake per parallel region instead, ~11 us). On the 2-core
 # Xeon (AMX) with other jobs running, a 64-row SmolLM2 decode step (bfloat16, 300 cached
-# tokens each, best of 20) took 548 ms spinning and 114 ms passive, and passive runs were
-# steady (25th percentile within 2% of the best). libgomp reads the variable once, when
-# it is loaded (torch's on ``import torch``), hence here, before the command's import.
+# tokens each, best of 20) took 548 ms spinning and 114 ms passive; with one runtime, the
+# worker's 64-request bench ran at ~200 output tok/s with ACTIVE against ~560 passive.
+# libgomp reads the variable once, when it is loaded (torch's on ``import torch``),
+# hence here, before the command's import.
 ENGINE_PROCESS_ENV = (("OMP_WAIT_POLICY", "PASSIVE"),)
 
 

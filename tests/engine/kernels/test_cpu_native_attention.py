@@ -161,6 +161,51 @@ def test_threads_do_not_change_the_result(native: NativeKernels) -> None:
     torch.testing.assert_close(one, two, atol=0, rtol=0)
 
 
+ONE_RUNTIME_SCRIPT = """
+import torch
+from engine.kernels import native_build
+from engine.kernels.cpu_decode_attention import plan_decode_rows
+from engine.kernels.cpu_native_attention import load_native_kernels, native_decode_rows
+from tests.engine.kernels.kernel_batches import build_paged_batch
+torch.set_num_threads(2)
+b = build_paged_batch([1] * 3, [40, 7, 90], 9, 3, 64, 16, torch.float32, "cpu")
+k, v = b.k_cache.to(torch.bfloat16), b.v_cache.to(torch.bfloat16)
+rows = plan_decode_rows(3, 9, k.shape[0], 16, b.block_tables, b.seq_lens, torch.arange(3),
+                        torch.arange(3), scratch=False)
+native_decode_rows(load_native_kernels(native_build.default_cache_dir()), rows, b.q, k, v,
+                   0.125, torch.empty_like(b.q), 2)
+torch.ones(512, 512) @ torch.ones(512, 512)
+import json
+print(json.dumps(sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "libgomp" in ln})))
+"""
+
+
+def test_attention_runs_on_torchs_openmp_runtime() -> None:
+    """The launchers' threads are torch's: after a decode launch and a torch matmul, one
+    libgomp is mapped, torch's own (a second runtime's idle threads would spin on the
+    same cores)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", ONE_RUNTIME_SCRIPT], capture_output=True,
+                          text=True, cwd=root, check=True, timeout=300)  # fmt: skip
+    mapped = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(mapped) == 1 and Path(torch.__file__).parent.as_posix() in mapped[0], mapped
+
+
+def test_prefill_threads_do_not_change_the_result(native: NativeKernels) -> None:
+    batch = build_paged_batch([37], [150], 9, 3, 64, 16, torch.float32, "cpu")
+    outs = []
+    for threads in (1, 2):
+        chunk = plan_extend(batch.block_tables[0], 150, 37, batch.k_cache.shape[0], 16)
+        out = torch.full_like(batch.q, float("nan"))
+        native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.125, out, threads)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
 def test_extreme_scores_stay_finite(native: NativeKernels) -> None:
     """Scores hundreds apart: the running max keeps every exp in range, as the
     reference's softmax does."""
