@@ -140,15 +140,9 @@ def native_decode_rows(
     if not rows.num_rows:
         return
     k, v = cache_arrays(k_cache, v_cache)
-    tables = rows.block_tables
-    if tables.dtype != np.int32 or tables.ndim != 2 or tables.strides[1] != 4:
-        raise ValueError("planned block tables must be [sequences, blocks] int32 rows")
-    for name, a, dtype in (("seq_lens", rows.seq_lens, np.int32), ("q_rows", rows.q_rows, np.int64),
-                           ("seq_ids", rows.seq_ids, np.int64)):  # fmt: skip
-        if a.dtype != dtype or not a.flags.c_contiguous:
-            raise ValueError(f"planned {name} must be contiguous {dtype.__name__}")
+    tables = rows.block_tables  # planned: contiguous int32 [S, B]; int32 lens, int64 rows
     bad = kernels.decode[k_cache.dtype](
-        head_dim, group, q.data_ptr(), _ptr(k), _ptr(v), _ptr(tables), tables.strides[0] // 4,
+        head_dim, group, q.data_ptr(), _ptr(k), _ptr(v), _ptr(tables), tables.shape[1],
         _ptr(rows.seq_lens), _ptr(rows.q_rows), _ptr(rows.seq_ids), rows.num_rows,
         k_cache.shape[1], k_cache.shape[2], float(scale), out.data_ptr(),
         launch_threads(num_threads),
