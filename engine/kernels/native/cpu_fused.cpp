@@ -192,26 +192,36 @@ inline void copy_head(const T* src, int d, T* dst) {
     }
 }
 
-// Rows of qkv ([q heads | k heads | v heads] of head_dim each): q rotated in place,
-// k rotated into k_cache at the row's slot, v copied into v_cache there.
-template <typename T>
-void rope_kv(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_heads,
-             int head_dim, const int64_t* positions, const T* cos_table, const T* sin_table,
-             const int64_t* slots, T* k_cache, T* v_cache) {
-    const int64_t slot_elems = int64_t(num_kv_heads) * head_dim;
+// Rows of qkv ([q heads | k heads | v heads] of head_dim each): each row's q heads
+// rotated in place, then write_kv(its k heads (its v heads follow), cos, sin, slot)
+// puts its K and V into the caches (rope_kv, rope_kv_int8).
+template <typename T, typename WriteKV>
+void rope_rows(T* qkv, int64_t row_stride, int rows, int num_heads, int head_dim,
+               const int64_t* positions, const T* cos_table, const T* sin_table,
+               const int64_t* slots, WriteKV write_kv) {
     for (int r = 0; r < rows; r++) {
         T* row = qkv + r * row_stride;
         const T* cos = cos_table + positions[r] * head_dim;
         const T* sin = sin_table + positions[r] * head_dim;
         for (int h = 0; h < num_heads; h++)
             rotate_head(row + h * head_dim, cos, sin, head_dim, row + h * head_dim);
-        T* k_dst = k_cache + slots[r] * slot_elems;
-        T* v_dst = v_cache + slots[r] * slot_elems;
-        const T* k_src = row + int64_t(num_heads) * head_dim;
-        for (int h = 0; h < num_kv_heads; h++)
-            rotate_head(k_src + h * head_dim, cos, sin, head_dim, k_dst + h * head_dim);
-        copy_head(k_src + slot_elems, int(slot_elems), v_dst);
+        write_kv(row + int64_t(num_heads) * head_dim, cos, sin, slots[r]);
     }
+}
+
+// Float caches: k rotated into k_cache at the row's slot, v copied into v_cache there.
+template <typename T>
+void rope_kv(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_heads,
+             int head_dim, const int64_t* positions, const T* cos_table, const T* sin_table,
+             const int64_t* slots, T* k_cache, T* v_cache) {
+    const int64_t slot_elems = int64_t(num_kv_heads) * head_dim;
+    rope_rows(qkv, row_stride, rows, num_heads, head_dim, positions, cos_table, sin_table, slots,
+              [&](const T* k_src, const T* cos, const T* sin, int64_t slot) {
+                  T* k_dst = k_cache + slot * slot_elems;
+                  for (int h = 0; h < num_kv_heads; h++)
+                      rotate_head(k_src + h * head_dim, cos, sin, head_dim, k_dst + h * head_dim);
+                  copy_head(k_src + slot_elems, int(slot_elems), v_cache + slot * slot_elems);
+              });
 }
 
 // An int8 KV cache row of one head: d int8 values, then the float32 scale (x = q * scale)
@@ -254,24 +264,19 @@ void rope_kv_int8(T* qkv, int64_t row_stride, int rows, int num_heads, int num_k
     const int64_t slot_bytes = int64_t(num_kv_heads) * head_row;
     alignas(64) T rotated[MAX_HEAD_DIM];
     alignas(64) float wide[MAX_HEAD_DIM];
-    for (int r = 0; r < rows; r++) {
-        T* row = qkv + r * row_stride;
-        const T* cos = cos_table + positions[r] * head_dim;
-        const T* sin = sin_table + positions[r] * head_dim;
-        for (int h = 0; h < num_heads; h++)
-            rotate_head(row + h * head_dim, cos, sin, head_dim, row + h * head_dim);
-        int8_t* k_dst = k_cache + slots[r] * slot_bytes;
-        int8_t* v_dst = v_cache + slots[r] * slot_bytes;
-        const T* k_src = row + int64_t(num_heads) * head_dim;
-        const T* v_src = k_src + int64_t(num_kv_heads) * head_dim;
-        for (int h = 0; h < num_kv_heads; h++) {
-            rotate_head(k_src + h * head_dim, cos, sin, head_dim, rotated);
-            widen_head(rotated, head_dim, wide);
-            quantize_head(wide, head_dim, k_dst + h * head_row);
-            widen_head(v_src + h * head_dim, head_dim, wide);
-            quantize_head(wide, head_dim, v_dst + h * head_row);
-        }
-    }
+    rope_rows(qkv, row_stride, rows, num_heads, head_dim, positions, cos_table, sin_table, slots,
+              [&](const T* k_src, const T* cos, const T* sin, int64_t slot) {
+                  int8_t* k_dst = k_cache + slot * slot_bytes;
+                  int8_t* v_dst = v_cache + slot * slot_bytes;
+                  const T* v_src = k_src + int64_t(num_kv_heads) * head_dim;
+                  for (int h = 0; h < num_kv_heads; h++) {
+                      rotate_head(k_src + h * head_dim, cos, sin, head_dim, rotated);
+                      widen_head(rotated, head_dim, wide);
+                      quantize_head(wide, head_dim, k_dst + h * head_row);
+                      widen_head(v_src + h * head_dim, head_dim, wide);
+                      quantize_head(wide, head_dim, v_dst + h * head_row);
+                  }
+              });
 }
 
 // torch's SiLU runs its vector code over each contiguous run of elements in steps of two

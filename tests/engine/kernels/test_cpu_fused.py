@@ -6,6 +6,8 @@ runs the eager ops)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -60,11 +62,52 @@ def test_add_rmsnorm_matches_eager_residual_add_and_norm(
     assert torch.equal(out_first, want_first)
 
 
+HEADS, KV_HEADS, BLOCK_SIZE, NUM_BLOCKS = 9, 3, 16, 16
+
+
 def _rope(head_dim: int, dtype: torch.dtype) -> RotaryEmbedding:
-    cfg = LlamaConfig(vocab_size=8, hidden_size=9 * head_dim, intermediate_size=8,
-                      num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3,
-                      max_position_embeddings=512, rope_theta=100000.0)  # fmt: skip
+    cfg = LlamaConfig(vocab_size=8, hidden_size=HEADS * head_dim, intermediate_size=8,
+                      num_hidden_layers=1, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, max_position_embeddings=512,
+                      rope_theta=100000.0)  # fmt: skip
     return RotaryEmbedding(cfg, 512, dtype, "cpu")
+
+
+@dataclass(frozen=True)
+class RopeCase:
+    """Random qkv rows, their positions and slots, zeroed caches of ``width`` per head,
+    and the eager results: the rotated q and k heads, and v."""
+
+    qkv: torch.Tensor
+    rope: RotaryEmbedding
+    positions: torch.Tensor
+    slots: torch.Tensor
+    caches: list[torch.Tensor]
+    qk: torch.Tensor  # [rows, HEADS + KV_HEADS, head_dim] rotated
+    v: torch.Tensor  # [rows, KV_HEADS, head_dim]
+
+
+def _rope_case(rows: int, head_dim: int, dtype: torch.dtype, seed: int, scale: float,
+               cache_dtype: torch.dtype, width: int) -> RopeCase:  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(rows, (HEADS + 2 * KV_HEADS) * head_dim, generator=gen) * scale).to(dtype)
+    if cache_dtype == torch.int8:  # a zero v head
+        qkv[0, (HEADS + KV_HEADS) * head_dim : (HEADS + KV_HEADS + 1) * head_dim] = 0
+    rope = _rope(head_dim, dtype)
+    positions = torch.randint(0, 512, (rows,), generator=gen)
+    slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=gen)[:rows]
+    caches = [torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, width, dtype=cache_dtype)
+              for _ in range(2)]  # fmt: skip
+    qk = rotate(qkv[:, : (HEADS + KV_HEADS) * head_dim].view(rows, HEADS + KV_HEADS, head_dim),
+                *rope.tables(positions))  # fmt: skip
+    v = qkv[:, (HEADS + KV_HEADS) * head_dim :].view(rows, KV_HEADS, head_dim)
+    return RopeCase(qkv, rope, positions, slots, caches, qk, v)
+
+
+def _untouched_elsewhere(flat_k: torch.Tensor, flat_v: torch.Tensor, slots: torch.Tensor) -> bool:
+    others = torch.ones(NUM_BLOCKS * BLOCK_SIZE, dtype=torch.bool)
+    others[slots] = False
+    return not flat_k[others].any() and not flat_v[others].any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -73,27 +116,16 @@ def _rope(head_dim: int, dtype: torch.dtype) -> RotaryEmbedding:
 def test_rope_write_kv_is_bit_identical_to_eager_rotate_and_cache_write(
     fused: FusedKernels, dtype: torch.dtype, rows: int, head_dim: int
 ) -> None:
-    heads, kv_heads, block_size, num_blocks = 9, 3, 16, 16
-    gen = torch.Generator().manual_seed(rows * head_dim)
-    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
-    rope = _rope(head_dim, dtype)
-    positions = torch.randint(0, 512, (rows,), generator=gen)
-    slots = torch.randperm(num_blocks * block_size, generator=gen)[:rows]
-    caches = [torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
-              for _ in range(2)]  # fmt: skip
-    qk = rotate(qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim),
-                *rope.tables(positions))  # fmt: skip
-    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)
-    got = qkv.clone()
-    rope_write_kv(fused, got, heads, plan_rope(positions, slots), rope.cos, rope.sin, *caches)
-    assert torch.equal(got[:, : heads * head_dim].view(rows, heads, head_dim), qk[:, :heads])
-    assert torch.equal(got[:, heads * head_dim :], qkv[:, heads * head_dim :])  # k, v untouched
-    flat_k, flat_v = (c.view(-1, kv_heads, head_dim) for c in caches)
-    assert torch.equal(flat_k[slots], qk[:, heads:])
-    assert torch.equal(flat_v[slots], v)
-    others = torch.ones(num_blocks * block_size, dtype=torch.bool)
-    others[slots] = False
-    assert not flat_k[others].any() and not flat_v[others].any()  # no other slot written
+    c = _rope_case(rows, head_dim, dtype, rows * head_dim, 1.0, dtype, head_dim)
+    got = c.qkv.clone()
+    rope_write_kv(fused, got, HEADS, plan_rope(c.positions, c.slots), c.rope.cos, c.rope.sin,
+                  *c.caches)  # fmt: skip
+    assert torch.equal(got[:, : HEADS * head_dim].view(rows, HEADS, head_dim), c.qk[:, :HEADS])
+    assert torch.equal(got[:, HEADS * head_dim :], c.qkv[:, HEADS * head_dim :])  # k, v untouched
+    flat_k, flat_v = (cache.view(-1, KV_HEADS, head_dim) for cache in c.caches)
+    assert torch.equal(flat_k[c.slots], c.qk[:, HEADS:])
+    assert torch.equal(flat_v[c.slots], c.v)
+    assert _untouched_elsewhere(flat_k, flat_v, c.slots)  # no other slot written
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -105,31 +137,19 @@ def test_rope_write_kv_int8_is_bit_identical_to_the_torch_quantizer(
     """int8 caches: the rotated k and the v of each row quantized per head exactly as
     :func:`engine.kernels.kv_int8.quantize_rows` does (values and scale bytes); q is
     rotated as for the other caches. An all-zero head gets scale 0 and zeros."""
-    heads, kv_heads, block_size, num_blocks = 9, 3, 16, 16
-    gen = torch.Generator().manual_seed(rows * head_dim + 1)
-    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 4).to(dtype)
-    qkv[0, (heads + kv_heads) * head_dim : (heads + kv_heads + 1) * head_dim] = 0  # a zero v head
-    rope = _rope(head_dim, dtype)
-    positions = torch.randint(0, 512, (rows,), generator=gen)
-    slots = torch.randperm(num_blocks * block_size, generator=gen)[:rows]
     width = row_width(head_dim)
-    caches = [torch.zeros(num_blocks, block_size, kv_heads, width, dtype=torch.int8)
-              for _ in range(2)]  # fmt: skip
-    qk = rotate(qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim),
-                *rope.tables(positions))  # fmt: skip
-    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)
-    got = qkv.clone()
-    rope_write_kv(fused, got, heads, plan_rope(positions, slots), rope.cos, rope.sin, *caches)
-    assert torch.equal(got[:, : heads * head_dim].view(rows, heads, head_dim), qk[:, :heads])
-    flat_k, flat_v = (c.view(-1, kv_heads, width) for c in caches)
-    assert torch.equal(flat_k[slots], quantize_rows(qk[:, heads:]))
-    assert torch.equal(flat_v[slots], quantize_rows(v))
-    assert not dequantize_rows(flat_v[slots[:1]])[0, 0].any()
-    others = torch.ones(num_blocks * block_size, dtype=torch.bool)
-    others[slots] = False
-    assert not flat_k[others].any() and not flat_v[others].any()
-    err = (dequantize_rows(flat_v[slots]) - v.float()).abs()
-    assert bool((err <= v.float().abs().amax(-1, keepdim=True) / 254 * 1.0001).all())
+    c = _rope_case(rows, head_dim, dtype, rows * head_dim + 1, 4.0, torch.int8, width)
+    got = c.qkv.clone()
+    rope_write_kv(fused, got, HEADS, plan_rope(c.positions, c.slots), c.rope.cos, c.rope.sin,
+                  *c.caches)  # fmt: skip
+    assert torch.equal(got[:, : HEADS * head_dim].view(rows, HEADS, head_dim), c.qk[:, :HEADS])
+    flat_k, flat_v = (cache.view(-1, KV_HEADS, width) for cache in c.caches)
+    assert torch.equal(flat_k[c.slots], quantize_rows(c.qk[:, HEADS:]))
+    assert torch.equal(flat_v[c.slots], quantize_rows(c.v))
+    assert not dequantize_rows(flat_v[c.slots[:1]])[0, 0].any()
+    assert _untouched_elsewhere(flat_k, flat_v, c.slots)
+    err = (dequantize_rows(flat_v[c.slots]) - c.v.float()).abs()
+    assert bool((err <= c.v.float().abs().amax(-1, keepdim=True) / 254 * 1.0001).all())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
