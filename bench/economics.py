@@ -26,7 +26,6 @@ object; ``--out FILE`` also writes it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import subprocess
@@ -49,6 +48,7 @@ from sqlalchemy.engine import make_url
 from bench.economics_accounting import Joined, LedgerRow, SentRequest, join, report
 from bench.economics_diagnose import replay_semantic
 from bench.economics_load import LoadConfig, PlannedRequest, build_load
+from bench.emit import emit
 
 DATA = Path("/work/shared/data")
 BLOCK_SIZE = 16  # the engine's default KV block (``kvtoll serve`` does not change it)
@@ -327,10 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = run(args)
-    text_out = json.dumps(out, indent=2)
-    print(text_out)
-    if args.out:
-        Path(args.out).write_text(text_out + "\n")
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

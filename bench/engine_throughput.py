@@ -10,7 +10,8 @@ Peer, same process, same weights and dtype: HF ``LlamaForCausalLM.generate`` in 
 batches of 16 (left padded, greedy; each batch runs to its longest output, only the
 requested tokens count). Optional peer: llama-cpp-python single stream on the same GGUF
 (its own quantised kernels, the engine's thread count), the first 8 requests one after
-another, if importable (``pip install -e '.[llamacpp]'`` builds llama.cpp from source).
+another, if importable (``pip install -e '.[llamacpp]'`` builds llama.cpp from source;
+:mod:`bench.engine_llama_cpp`).
 Prefix reuse: TTFT of a request whose first 1,024 tokens are cached / the same cold
 (medians of three trials each).
 Also, in the same run, the machine's matrix-multiply bound: the rate of the engine's
@@ -29,14 +30,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,13 +42,14 @@ from typing import Any
 
 import torch
 
+from bench.emit import emit
+from bench.engine_llama_cpp import run_llama_cpp
 from bench.engine_peers import cpu_description, cpu_lock, run_http_peers
 from bench.engine_servers import PEERS
 from bench.engine_table import chart, rows, table
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine, load_model
-from engine.loader.bundled import bundled_model_path
 
 
 @dataclass(frozen=True)
@@ -162,83 +161,6 @@ def run_hf(loaded: LoadedModel, dtype: torch.dtype, work: Workload, batch: int) 
     }
 
 
-LLAMA_CPP_REQUESTS = 8
-
-
-def run_llama_cpp(work: Workload) -> dict[str, Any]:
-    """Single-stream llama.cpp on the bundled GGUF, in a child process (a crash in
-    llama.cpp must not take the engine's figures with it).
-
-    It runs first with llama.cpp's extra weight buffers (repacked / AMX layouts, its
-    default). On a Xeon with AMX, llama-cpp-python 0.3.36 built here died with a
-    segfault in that path (upstream reports the same in ``ggml_backend_amx_mul_mat``);
-    it is then re-run without them (``use_extra_bufts=False``: its plain AVX-512/VNNI
-    kernels), and the result says so.
-    """
-    if importlib.util.find_spec("llama_cpp") is None:
-        return {"skipped": "llama-cpp-python is not installed (optional extra 'llamacpp')"}
-    threads = torch.get_num_threads()  # the engine's and HF's threads (llama.cpp's default: half)
-    requests = {"prompts": work.prompts[:LLAMA_CPP_REQUESTS],
-                "max_tokens": work.max_tokens[:LLAMA_CPP_REQUESTS]}  # fmt: skip
-    failures: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "requests.json"
-        path.write_text(json.dumps(requests))
-        for extra in (True, False):
-            cmd = [sys.executable, __file__, "--llama-cpp-peer", str(path),
-                   "--threads", str(threads)] + (["--extra-bufts"] if extra else [])  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode == 0:
-                result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-                result["extra_buffer_types"] = extra
-                if failures:
-                    result["first_attempt"] = failures
-                return result
-            why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-            failures.append(f"extra_bufts={extra}: {why}; {proc.stderr.strip()[-200:]}")
-    return {"error": failures}
-
-
-def llama_cpp_peer(path: Path, threads: int, extra_bufts: bool) -> dict[str, Any]:
-    """The child of :func:`run_llama_cpp`: the requests in ``path`` one after another."""
-    import llama_cpp.llama as llama_module
-    from llama_cpp import Llama
-
-    defaults = llama_module.llama_cpp.llama_model_default_params
-
-    def model_params() -> Any:
-        params = defaults()
-        params.use_extra_bufts = extra_bufts
-        return params
-
-    # Llama() takes its model parameters from this function and has no argument for
-    # the extra buffers, so the child replaces it (this process only).
-    llama_module.llama_cpp.llama_model_default_params = model_params
-    requests = json.loads(path.read_text())
-    llm = Llama(
-        model_path=str(bundled_model_path()), n_ctx=1024, n_threads=threads,
-        n_threads_batch=threads, verbose=False,
-    )  # fmt: skip
-    start = time.perf_counter()
-    n = 0
-    for p, m in zip(requests["prompts"], requests["max_tokens"], strict=True):
-        llm.reset()
-        made = 0
-        for _ in llm.generate(p, temp=0.0):
-            made += 1
-            if made >= m:  # each prompt gets its own full output length
-                break
-        n += made
-    elapsed = time.perf_counter() - start
-    return {
-        "seconds": round(elapsed, 2),
-        "requests": len(requests["prompts"]),
-        "threads": threads,
-        "output_tokens": n,
-        "output_tokens_per_s": round(n / elapsed, 2),
-    }
-
-
 def ttft(
     loaded: LoadedModel, config: EngineConfig, prompt: list[int], warm_with: list[int] | None
 ) -> float:
@@ -334,12 +256,7 @@ def main() -> None:
         help="only tenant-fair scheduling ON vs OFF, one tenant: N interleaved pairs "
         "(bench.fair_scheduling)",
     )  # fmt: skip
-    ap.add_argument("--llama-cpp-peer", type=Path, help=argparse.SUPPRESS)  # run_llama_cpp's child
-    ap.add_argument("--extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.llama_cpp_peer is not None:
-        print(json.dumps(llama_cpp_peer(args.llama_cpp_peer, args.threads, args.extra_bufts)))
-        return
     if args.dtypes:
         print(json.dumps({"dtype_output_tokens_per_s": dtype_speed(args.threads)}, indent=2))
         return
@@ -394,12 +311,9 @@ def main() -> None:
         in_process(args, loaded, config, work, result)
     result["load_average_at_end"] = list(os.getloadavg())
     result["table"] = rows(result)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     if args.png:
         chart(result, args.png)
-    print(text)
     print(table(result), file=sys.stderr)
 
 
@@ -416,7 +330,7 @@ def in_process(
     if not args.skip_hf:
         result["hf_transformers"] = run_hf(loaded, loaded.model.lm_head.weight.dtype, work, 16)
     if not args.skip_llama_cpp:
-        result["llama_cpp_single_stream"] = run_llama_cpp(work)
+        result["llama_cpp_single_stream"] = run_llama_cpp(work.prompts, work.max_tokens)
     result["linear_bound"] = linear_bound(loaded, work)
     if not args.skip_engine:
         result["prefix_reuse"] = prefix_reuse(loaded, config, 1024)

@@ -21,17 +21,16 @@ benchmark, not a test), in-process, bfloat16 model, both in the same run:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import engine.attention.cpu_backend as cpu_backend
+from bench.emit import emit
 from bench.engine_peers import cpu_description
 from bench.engine_quant import agreement, greedy_tokens, held_in_ids
 from bench.engine_throughput import make_workload, run_engine
@@ -180,10 +179,7 @@ def main() -> None:
     }  # fmt: skip
     if not args.skip_throughput:
         result["throughput"] = throughput(loaded, args.rounds)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench.emit import emit
 from bench.engine_http import run_workload, warm_up
 from bench.engine_peers import cpu_description
 from bench.engine_servers import PEERS, serving, vllm_available, vllm_spec
@@ -137,10 +138,7 @@ def main() -> None:
         "top_ops": [{"name": n, "self_cpu_s": round(s, 4), "calls": c, "phase": phase_of(n)}
                     for n, s, c in sorted(rows, key=lambda r: -r[1])[:25]],
     }  # fmt: skip
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
