@@ -72,7 +72,7 @@ def _ptr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
 
 
-def launch_threads(num_threads: int | None) -> int:
+def openmp_threads(num_threads: int | None) -> int:
     """The OpenMP threads a launch runs on: ``num_threads``, default torch's intra-op
     threads (the same runtime's, so one setting governs both)."""
     return num_threads or torch.get_num_threads()
@@ -145,7 +145,7 @@ def native_decode_rows(
         head_dim, group, q.data_ptr(), _ptr(k), _ptr(v), _ptr(tables), tables.shape[1],
         _ptr(rows.seq_lens), _ptr(rows.q_rows), _ptr(rows.seq_ids), rows.num_rows,
         k_cache.shape[1], k_cache.shape[2], float(scale), out.data_ptr(),
-        launch_threads(num_threads),
+        openmp_threads(num_threads),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native decode kernel refused its arguments")
@@ -199,7 +199,7 @@ def native_extend(
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
                          f"ones this chunk was planned for")  # fmt: skip
     if query_tile is None:  # items spread evenly over the threads this launch uses
-        query_tile = balanced_query_tile(q.shape[0], k_cache.shape[2], launch_threads(num_threads))
+        query_tile = balanced_query_tile(q.shape[0], k_cache.shape[2], openmp_threads(num_threads))
     if not 1 <= query_tile <= MAX_QUERY_TILE:
         raise ValueError(f"query_tile must be in [1, {MAX_QUERY_TILE}], got {query_tile}")
     head_dim, group = _check_layout(q, k_cache)
@@ -207,7 +207,7 @@ def native_extend(
     bad = kernels.extend[k_cache.dtype](
         head_dim, group, q.data_ptr(), chunk.q_len, _ptr(k), _ptr(v), _ptr(chunk.table),
         chunk.seq_len - chunk.q_len, k_cache.shape[1], k_cache.shape[2], float(scale),
-        out.data_ptr(), query_tile, launch_threads(num_threads),
+        out.data_ptr(), query_tile, openmp_threads(num_threads),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native extend kernel refused its arguments")

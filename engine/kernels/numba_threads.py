@@ -32,18 +32,14 @@ def threadsafe_parallelism_available() -> bool:
     return False
 
 
-def launch_threads(num_threads: int | None) -> int:
-    """The threads a launch with ``num_threads`` runs on (see :func:`numba_launch`)."""
-    return min(num_threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
-
-
 @contextmanager
 def numba_launch(num_threads: int | None) -> Iterator[None]:
     """Around a launch of parallel kernels: numba's threads set to ``num_threads``
     (default torch's intra-op threads, so one setting governs both) and rows handed out
     :data:`CHUNK_SIZE` at a time, the chunk size restored after. Both settings are per
     calling thread in numba."""
-    threads = launch_threads(num_threads)
+    most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    threads = min(num_threads or torch.get_num_threads(), most)
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
     previous = numba.set_parallel_chunksize(CHUNK_SIZE)
