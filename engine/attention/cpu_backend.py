@@ -7,6 +7,9 @@ torch's fused attention at start-up (:meth:`CpuAttentionBackend.prepare`), else 
 and serves caches that are neither float32 nor bfloat16. A bfloat16 model's queries
 are widened to float32 for the kernels and their outputs rounded back. int8 caches
 (:mod:`engine.kernels.kv_int8`) run in the native kernels alone, decode and prefill.
+Where torch wins the start-up race, short chunks may still run natively (a short new
+turn after a long cached conversation): the longest of :data:`SHORT_PREFILL_PROBES` that
+the native kernel also won, raced after :data:`SHORT_PROBE_CACHED` cached tokens.
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -64,6 +67,15 @@ class _StepDecode:
 # many query rows after this many cached tokens, best of PREFILL_TRIALS each.
 PREFILL_PROBE = (64, 192)
 PREFILL_TRIALS = 3
+# Where torch wins that race, chunks of at most as many query rows as the longest of
+# these that the native kernel also won (shortest first, after SHORT_PROBE_CACHED cached
+# tokens) run natively: it reads the pool in place where torch gathers the context
+# first. AMX Xeon, SmolLM2's shape, bfloat16, native time over torch's after 256 / 1,024
+# / 1,900 cached tokens: 0.59 / 0.61 / 0.59 at 4 query rows, 0.63 / 0.67 / 0.71 at 8,
+# 0.86 / 0.93 / 0.86 at 16, 0.98 / 1.08 / 1.20 at 20, 1.23 / 1.31 / 1.18 at 32 (the
+# probes stop at 16; the long context is where native gains least).
+SHORT_PREFILL_PROBES = (4, 8, 16)
+SHORT_PROBE_CACHED = 1024
 NATIVE_DTYPES = (*CACHE_DTYPES, torch.int8)  # caches the native kernels read
 
 
@@ -81,13 +93,19 @@ class CpuAttentionBackend(TorchAttentionBackend):
         native: bool | None = None,
         native_prefill: bool | None = None,
         native_cache_dir: Path | None = None,
+        native_prefill_max_q: int | None = None,
     ) -> None:
         """The first three as for the torch backend (they govern its prefill, and decode
         for caches the kernels do not take). ``native``: the native kernels (None: where
         they build here; True: required, prepare() raises otherwise; False: numba and
         torch only). ``native_prefill``: prefill through them too (None: if faster
         here, measured by prepare()). ``native_cache_dir``: where their library is
-        built (default :func:`engine.kernels.native_build.default_cache_dir`)."""
+        built (default :func:`engine.kernels.native_build.default_cache_dir`).
+        ``native_prefill_max_q``: where prefill runs in torch, chunks of at most this many
+        query rows run natively all the same (None: raced by prepare() where
+        ``native_prefill`` is None, else 0)."""
+        if native_prefill_max_q is not None and native_prefill_max_q < 0:
+            raise ValueError(f"native_prefill_max_q must be >= 0, got {native_prefill_max_q}")
         super().__init__(group_cost, prefill_tile, fused_bf16_prefill)
         self._kernels = CpuDecodeKernels()
         self._want_native = native
@@ -95,6 +113,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._native_cache_dir = native_cache_dir
         self._native: NativeKernels | None = None  # set by prepare() when they run here
         self._native_prefill = False
+        self._want_native_max_q = native_prefill_max_q
+        self._native_max_q = 0  # set by prepare() (where prefill runs in torch)
         # This step's decode rows, planned (and checked) at the first layer and reused
         # by the others (same metadata object): checking the block tables, building
         # index tensors and scratch at every layer were ~20% of decode attention
@@ -118,6 +138,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def native_prefill(self) -> bool:
         """Whether prefill chunks run in the native kernel (decided by prepare())."""
         return self._native_prefill
+
+    @property
+    def native_prefill_max_q(self) -> int:
+        """Where prefill runs in torch, the longest chunk (query rows) that runs in the
+        native kernel all the same (decided by prepare(); 0: none)."""
+        return self._native_max_q
 
     def prepare(self, num_heads: int, k_cache: torch.Tensor) -> None:
         """Build or load the kernels for this shape before the first step: the native
@@ -151,11 +177,16 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if int8:  # torch has no int8 attention path here
             self._native_prefill = True
         elif self._want_native_prefill is None:
-            self._native_prefill = self._native_prefill_faster(num_heads, k_cache)
+            self._native_prefill = self._native_wins(num_heads, k_cache, *PREFILL_PROBE)
         else:
             self._native_prefill = self._want_native_prefill
+        if not self._native_prefill and self._want_native_max_q is not None:
+            self._native_max_q = self._want_native_max_q
+        elif not self._native_prefill and self._want_native_prefill is None:
+            self._native_max_q = self._short_native_limit(num_heads, k_cache)
         log.info("cpu attention: native decode kernels; prefill in %s",
-                 "the native kernel" if self._native_prefill else "torch")  # fmt: skip
+                 "the native kernel" if self._native_prefill else
+                 f"torch (chunks of up to {self._native_max_q} queries natively)")  # fmt: skip
 
     def _load_native(
         self, num_heads: int, num_kv_heads: int, head_dim: int, required: bool = False
@@ -176,11 +207,21 @@ class CpuAttentionBackend(TorchAttentionBackend):
         log.warning("cpu attention: native kernels unavailable (%s); numba decode kernels", reason)
         return None
 
-    def _native_prefill_faster(self, num_heads: int, k_cache: torch.Tensor) -> bool:
+    def _short_native_limit(self, num_heads: int, k_cache: torch.Tensor) -> int:
+        """The longest of :data:`SHORT_PREFILL_PROBES` the native kernel wins (with every
+        shorter one), after :data:`SHORT_PROBE_CACHED` cached tokens; 0 if none."""
+        limit = 0
+        for q_len in SHORT_PREFILL_PROBES:
+            if not self._native_wins(num_heads, k_cache, q_len, SHORT_PROBE_CACHED):
+                break
+            limit = q_len
+        return limit
+
+    def _native_wins(self, num_heads: int, k_cache: torch.Tensor, q_len: int, cached: int) -> bool:
         """Race the native prefill kernel against torch's fused attention on a probe
-        chunk of this model's shape (interleaved, best of a few each; ~10 ms)."""
+        chunk of this model's shape, ``q_len`` query rows after ``cached`` tokens
+        (interleaved, best of a few each; ~10 ms at 64 rows)."""
         assert self._native is not None
-        q_len, cached = PREFILL_PROBE
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         seq_len = q_len + cached
         blocks = -(-seq_len // block_size)
@@ -206,8 +247,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             start = time.perf_counter()
             super()._prefill_one(qd, kc, vc, chunk, 0.125)
             best["torch"] = min(best["torch"], time.perf_counter() - start)
-        log.info("cpu attention: prefill probe native %.2f ms, torch %.2f ms",
-                 best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
+        log.info("cpu attention: prefill probe (%d queries after %d) native %.3f ms, torch %.3f ms",
+                 q_len, cached, best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
         return best["native"] <= best["torch"]
 
     def _prefill_one(
@@ -218,7 +259,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         chunk: _PrefillChunk,
         scale: float,
     ) -> torch.Tensor:
-        if not self._native_prefill or self._native is None or k_cache.dtype not in NATIVE_DTYPES:
+        native = self._native_prefill or chunk.end - chunk.start <= self._native_max_q
+        if not native or self._native is None or k_cache.dtype not in NATIVE_DTYPES:
             return super()._prefill_one(q, k_cache, v_cache, chunk, scale)
         plan = self._extend_plan(chunk, k_cache)
         q32 = q.float().contiguous()

@@ -28,13 +28,23 @@ class NativeCpuBackend(CpuAttentionBackend):
         super().__init__(*args, native=True, native_prefill=True, **kwargs)  # type: ignore[arg-type]
 
 
+class ShortNativeCpuBackend(CpuAttentionBackend):
+    """The CPU backend with prefill in torch but for chunks of up to 6 query rows."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, native=True, native_prefill=False,  # type: ignore[arg-type]
+                         native_prefill_max_q=6, **kwargs)  # fmt: skip
+
+
 NATIVE_WHY_NOT = native_build.unavailable_reason()
+NEEDS_NATIVE = pytest.mark.skipif(NATIVE_WHY_NOT is not None,
+                                  reason=f"native kernels: {NATIVE_WHY_NOT}")  # fmt: skip
 BACKENDS = [
     TorchAttentionBackend,
     NumbaCpuBackend,
-    pytest.param(NativeCpuBackend, marks=pytest.mark.skipif(
-        NATIVE_WHY_NOT is not None, reason=f"native kernels: {NATIVE_WHY_NOT}")),
-]  # fmt: skip
+    pytest.param(NativeCpuBackend, marks=NEEDS_NATIVE),
+    pytest.param(ShortNativeCpuBackend, marks=NEEDS_NATIVE),
+]
 
 
 def _dense(
@@ -53,7 +63,8 @@ def _dense(
 # torch: float32 decodes through SDPA, bfloat16 through the block-diagonal matmuls;
 # float32 prefill through SDPA (with a shifted mask over a cached prefix), bfloat16 in
 # tiles or (fused) through SDPA too. cpu: float32 and bfloat16 decodes in the numba
-# kernel, the rest as torch; or decodes and prefill chunks in the native kernels.
+# kernel, the rest as torch; or decodes and prefill chunks in the native kernels; or
+# decodes and the 6-row chunk there, the 7-row one in torch (one step, both ways).
 @pytest.mark.parametrize("backend_type", BACKENDS)
 @pytest.mark.parametrize(
     ("dtype", "fused"), [(torch.float32, None), (torch.bfloat16, False), (torch.bfloat16, True)]
