@@ -171,7 +171,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                 torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
                                 torch.zeros(1, dtype=torch.int64), scratch=False)  # fmt: skip
         native_decode_rows(self._native, rows, q, cache, cache.clone(), 1.0, torch.empty_like(q))
-        if self._want_native_prefill is not False or int8:  # its launcher too, before any request
+        if self._want_native_prefill is not False or int8 or self._want_native_max_q:
+            # its launcher too, before any request
             chunk = plan_extend(table[0], 1, 1, 1, block_size)
             native_extend(self._native, chunk, q, cache, cache.clone(), 1.0, torch.empty_like(q))
         if int8:  # torch has no int8 attention path here
