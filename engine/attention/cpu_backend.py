@@ -181,9 +181,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self._native_prefill = self._native_wins(num_heads, k_cache, *PREFILL_PROBE)
         else:
             self._native_prefill = self._want_native_prefill
-        if not self._native_prefill and self._want_native_max_q is not None:
-            self._native_max_q = self._want_native_max_q
-        elif not self._native_prefill and self._want_native_prefill is None:
+        if not self._native_prefill:
             self._native_max_q = self._short_native_limit(num_heads, k_cache)
         log.info("cpu attention: native decode kernels; prefill in %s",
                  "the native kernel" if self._native_prefill else
@@ -209,8 +207,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return None
 
     def _short_native_limit(self, num_heads: int, k_cache: torch.Tensor) -> int:
-        """The longest of :data:`SHORT_PREFILL_PROBES` the native kernel wins (with every
-        shorter one), after :data:`SHORT_PROBE_CACHED` cached tokens; 0 if none."""
+        """Where prefill runs in torch, the longest chunk to run natively all the same:
+        the one given, else (prefill left to the race) the longest of
+        :data:`SHORT_PREFILL_PROBES` the native kernel wins with every shorter one, after
+        :data:`SHORT_PROBE_CACHED` cached tokens; 0 if none or prefill forced to torch."""
+        if self._want_native_max_q is not None:
+            return self._want_native_max_q
+        if self._want_native_prefill is not None:
+            return 0
         limit = 0
         for q_len in SHORT_PREFILL_PROBES:
             if not self._native_wins(num_heads, k_cache, q_len, SHORT_PROBE_CACHED):
