@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.engine_peers import split_budget
+
 # (row label, where its figures are in the result)
 ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kvtoll (HTTP worker)", ("http", "kvtoll")),
@@ -36,7 +38,7 @@ def _get(result: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None
 
 
 def _other_label(name: str) -> str:
-    base, _, budget = name.partition(":")
+    base, budget = split_budget(name)
     label = f"{base}{' QUANTIZED' if 'int8' in base else ''}"
     return f"{label}{f', {budget}-token steps' if budget else ''} (HTTP worker)"
 
