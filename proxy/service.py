@@ -59,19 +59,12 @@ from proxy.metrics import ProxyMetrics
 from proxy.pool import UpstreamPool
 from proxy.progress import ProgressJournal
 from proxy.reply import Reply, UpstreamUnavailable
-from proxy.semantic.capacity import TenantCapacity
-from proxy.semantic.types import (
-    SemanticAnswer,
-    SemanticChoice,
-    SemanticHit,
-    SemanticProbe,
-    SemanticQuery,
-)
+from proxy.semantic.types import SemanticHit, SemanticProbe, SemanticQuery
+from proxy.semantic_exchange import cache_answer, replay_hit, semantic_query
 from proxy.steptimer import StepTimer
 from proxy.tally import Item, Tally
 from proxy.upstream.base import (
     Upstream,
-    UpstreamDelta,
     UpstreamError,
     UpstreamRejected,
     UpstreamRequest,
@@ -141,7 +134,7 @@ class Gateway:
     async def _open(self, prep: Prepared, endpoint: str) -> Reply:
         probe: SemanticProbe | None = None
         if self._semantic is not None:
-            query = _query(prep)
+            query = semantic_query(prep)
             if not prep.no_cache:
                 found = await self._semantic.lookup(query)
                 self._metrics.record_semantic_lookup(isinstance(found, SemanticHit))
@@ -157,7 +150,7 @@ class Gateway:
     ) -> Reply:
         flight = Flight(prep, endpoint, Tally(self._tokenizer), ServedBy.SEMANTIC, hit=hit,
                          query=query)
-        source = _replay(hit, prep.prompt.num_tokens)
+        source = replay_hit(hit, prep.prompt.num_tokens)
         items = self._relay(flight, source)
         return Reply(prep.request_id, None, True, prep.no_cache, items, flight.tally,
                      similarity=hit.similarity, abandon=partial(self._abandon, flight, source))
@@ -353,7 +346,7 @@ class Gateway:
     def _maybe_store(self, flight: Flight) -> None:
         if self._stores is None or flight.query is None or not flight.tally.all_stopped():
             return
-        answer = _answer(flight.tally, flight.prep.admitted.prompt_tokens)
+        answer = cache_answer(flight.tally, flight.prep.admitted.prompt_tokens)
         if flight.probe is not None:  # evidence for the error bound, even under no-store
             self._stores.check(flight.query, flight.probe, answer)
         if not flight.prep.no_store:
@@ -363,35 +356,6 @@ class Gateway:
         """Wait for background cache stores to finish."""
         if self._stores is not None:
             await self._stores.aclose()
-
-
-def _query(prep: Prepared) -> SemanticQuery:
-    """What the semantic cache is asked for ``prep`` (tenant from the key, never the body)."""
-    return SemanticQuery(
-        tenant_id=prep.identity.tenant_id, request_id=prep.request_id, kind=prep.kind,
-        model=prep.model, body=prep.body, threshold=prep.identity.semantic_threshold,
-        allow_sampled=prep.identity.semantic_allow_sampled,
-        capacity=TenantCapacity(prep.identity.semantic_max_entries,
-                                prep.identity.semantic_max_bytes),
-        max_error_rate=prep.identity.semantic_max_error_rate,
-        tenant_name=prep.identity.tenant_name,
-    )
-
-
-async def _replay(hit: SemanticHit, prompt_tokens: int) -> AsyncIterator[Item]:
-    """A hit as upstream items: one delta per choice, then the usage (the whole prompt
-    counts as cached: no prefill happened)."""
-    for i, choice in enumerate(hit.choices):
-        yield UpstreamDelta(index=i, text=choice.text, finish_reason=choice.finish_reason)
-    yield UpstreamUsage(prompt_tokens=prompt_tokens, completion_tokens=hit.completion_tokens,
-                        cached_tokens=prompt_tokens)
-
-
-def _answer(tally: Tally, prompt_tokens: int) -> SemanticAnswer:
-    """A complete upstream answer as offered to the cache."""
-    choices = tuple(SemanticChoice(c.text, c.finish_reason or "stop") for c in tally.choices())
-    return SemanticAnswer(choices=choices, completion_tokens=tally.completion_tokens(),
-                          prompt_tokens=tally.usage.prompt_tokens if tally.usage else prompt_tokens)
 
 
 async def _close(stream: AsyncIterator[Item]) -> None:
