@@ -25,7 +25,6 @@ import logging
 import random
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ import numpy as np
 
 from proxy.semantic.bound import BoundConfig, ErrorBound
 from proxy.semantic.capacity import TenantCapacity
+from proxy.semantic.embed_memo import EmbedMemo
 from proxy.semantic.embedder import Embedder, MicroBatcher
 from proxy.semantic.evidence import EvidenceKeeper
 from proxy.semantic.explore import BoundedChooser
@@ -98,7 +98,7 @@ class SemanticCache:
         self._clock = clock
         self._mirror = Mirror(embedder.dim, self._index_factory)
         self.stats = SemanticStats()
-        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._memo = EmbedMemo(self._config.embed_memo_size, self._batcher.embed_one)
         self._follower = Follower(store, self._mirror, self.stats, embedder.name)
         self._task: asyncio.Task[None] | None = None
         self._chooser = BoundedChooser(store, ErrorBound(self._config.bound),
@@ -149,7 +149,7 @@ class SemanticCache:
         self.stats.lookups += 1
         t0 = time.perf_counter()
         try:
-            vector = await self._embed(key.tenant_id, key.query)
+            vector = await self._memo.embed(key.tenant_id, key.query)
         except Exception:  # the cache fails open: a broken embedder is a miss, not an error
             log.exception("semantic lookup: embedding failed; treated as a miss")
             self.stats.embed_errors += 1
@@ -266,7 +266,7 @@ class SemanticCache:
             self.stats.store_skipped += 1
             return None
         try:
-            vector = await self._embed(key.tenant_id, key.query)
+            vector = await self._memo.embed(key.tenant_id, key.query)
         except Exception:
             log.exception("semantic store: embedding failed; answer not cached")
             self.stats.embed_errors += 1
@@ -352,18 +352,6 @@ class SemanticCache:
         removed = await self._store.flush(tenant)
         self._mirror.remove_tenant(tenant)
         return removed
-
-    async def _embed(self, tenant_id: str, text: str) -> np.ndarray:
-        memo_key = (tenant_id, text)  # per tenant: a shared memo would leak timing
-        found = self._memo.get(memo_key)
-        if found is not None:
-            self._memo.move_to_end(memo_key)
-            return found
-        vector = await self._batcher.embed_one(text)
-        self._memo[memo_key] = vector
-        if len(self._memo) > self._config.embed_memo_size:
-            self._memo.popitem(last=False)
-        return vector
 
     # ---- mirror ---------------------------------------------------------------------
 
