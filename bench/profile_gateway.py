@@ -35,8 +35,10 @@ if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo r
 
 import httpx
 
+from bench import gateway_process as gp
 from bench import latency_series
 from bench import proxy_overhead as po
+from bench.engine_servers import free_port
 
 # a frame of the project's own code (the inclusive list is otherwise all stack roots)
 PROJECT_FRAME = re.compile(r"\((proxy|kvtoll|billing|engine)/")
@@ -82,15 +84,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("error: py-spy is not installed (pip install py-spy)")
     tmp = Path(tempfile.mkdtemp(prefix="kvtoll-profile-"))
     database_url = f"sqlite:///{tmp / 'kvtoll.db'}"
-    key = po.seed_database(database_url)
-    up, gw = po.free_port(), po.free_port()
+    key = gp.seed_database(database_url)
+    up, gw = free_port(), free_port()
     direct, gateway = f"http://127.0.0.1:{up}", f"http://127.0.0.1:{gw}"
     procs = [po.spawn("--serve-upstream", "5", str(up))]
     try:
-        po.wait_ready(direct, procs[0])
-        procs.append(po.spawn_gateway(direct, database_url, str(tmp / "data"), gw,
+        gp.wait_ready(direct, procs[0])
+        procs.append(gp.spawn_gateway(direct, database_url, str(tmp / "data"), gw,
                                       args.ledger_writer))
-        po.wait_ready(gateway, procs[1])
+        gp.wait_ready(gateway, procs[1])
         pid = procs[1].pid
         record(py_spy, pid, args.idle_seconds, tmp / "idle.txt", args.gil).wait()
         headers = {"Authorization": f"Bearer {key}"}

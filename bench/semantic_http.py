@@ -38,8 +38,11 @@ if __package__ in (None, ""):  # run as ``python bench/<script>.py``: the repo r
 
 import httpx
 
+from bench import gateway_process as gp
 from bench import proxy_overhead as po
 from bench import semantic_load
+from bench.engine_servers import free_port
+from bench.fixed_upstream import MODEL, serve_upstream
 
 QUESTIONS = [
     "What is the capital of {}?", "How do I apply for a visa to {}?",
@@ -93,7 +96,7 @@ def serve_gateway(
     )
     app = create_app(
         settings, upstreams=[HttpUpstream(HttpUpstreamConfig(upstream_url))],
-        session_factory=session_factory(make_engine(database_url)), models=[po.MODEL],
+        session_factory=session_factory(make_engine(database_url)), models=[MODEL],
         semantic=SemanticCacheAdapter(cache), resources=[cache],
         extra_routers=[build_cache_router(cache, get_key)],
     )  # fmt: skip
@@ -102,7 +105,7 @@ def serve_gateway(
 
 
 def body(text: str) -> dict[str, Any]:
-    return {"model": po.MODEL, "temperature": 0, "max_tokens": 16,
+    return {"model": MODEL, "temperature": 0, "max_tokens": 16,
             "messages": [{"role": "user", "content": text}]}  # fmt: skip
 
 
@@ -192,19 +195,19 @@ def warm(url: str, key: str, count: int) -> int:
 def spawn(*args: str) -> Any:
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": str(po.ROOT)}
-    return subprocess.Popen([sys.executable, __file__, *args], cwd=po.ROOT, env=env)
+    env = {**os.environ, "PYTHONPATH": str(gp.ROOT)}
+    return subprocess.Popen([sys.executable, __file__, *args], cwd=gp.ROOT, env=env)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="kvtoll-sembench-"))
     database_url = f"sqlite:///{tmp / 'kvtoll.db'}"
-    key = po.seed_database(database_url)
-    up_port, gw_port = po.free_port(), po.free_port()
+    key = gp.seed_database(database_url)
+    up_port, gw_port = free_port(), free_port()
     direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
     procs = [spawn("--serve-upstream", str(args.upstream_ms), str(up_port))]
     try:
-        po.wait_ready(direct, procs[0])
+        gp.wait_ready(direct, procs[0])
         procs.append(
             spawn(
                 "--serve-gateway",
@@ -218,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.verifier,
             )
         )
-        po.wait_ready(proxied, procs[1], timeout_s=300)
+        gp.wait_ready(proxied, procs[1], timeout_s=300)
         warmed = warm(proxied, key, args.questions)
         pids = [proc.pid for proc in procs]
         cached = measured_loop(proxied, key, args, no_cache=False, pids=pids)
@@ -247,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-upstream":
-        po.serve_upstream(float(sys.argv[2]), int(sys.argv[3]))
+        serve_upstream(float(sys.argv[2]), int(sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
         upstream, database, data_dir = sys.argv[2:5]
