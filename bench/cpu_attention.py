@@ -9,11 +9,13 @@ SmolLM2-135M's attention shape (9 query heads over 3 KV heads, head_dim 64), blo
 16 tokens scattered over the pool. Decode: 64 rows with the engine bench's context
 lengths (32-512 prompt + 0-144 generated), over 30 layers' caches each (as a decode
 step reads them: from memory, not cache), native vs numba (scores, softmax, weighted
-sum). Prefill: one chunk per shape (query rows after cached tokens), native vs the
-torch backend's path (gather the context's blocks, then ``scaled_dot_product_attention``
-with GQA and a causal or shifted mask). Best of several runs each, interleaved; prints
-one JSON object with times, GFLOP/s (causal FLOPs: 4 x head_dim per visible query-key
-pair per head) and the speed-ups.
+sum). Prefill: one chunk per shape (query rows after cached tokens; the queries hold
+values of the model's dtype, as a model's do), native vs the torch backend's path
+(gather the context's blocks, then ``scaled_dot_product_attention`` with GQA and a
+causal or shifted mask), and in bfloat16, where the CPU has AVX512-BF16, the native
+kernel with bfloat16 dot products (its default) vs float32 products only. Best of
+several runs each, interleaved; prints one JSON object with times, GFLOP/s (causal
+FLOPs: 4 x head_dim per visible query-key pair per head) and the speed-ups.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from engine.kernels.cpu_native_attention import (
 )
 
 H, HKV, D, BLOCK, LAYERS = 9, 3, 64, 16, 30
-PREFILL_SHAPES = [(128, 0), (512, 0), (512, 512), (24, 1024), (64, 192)]  # (query rows, cached)
+# (query rows, cached tokens)
+PREFILL_SHAPES = [(128, 0), (512, 0), (512, 512), (24, 1024), (64, 1024), (64, 192)]
 
 
 def best_of(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
@@ -120,7 +123,7 @@ def prefill_case(
     table = scattered_table(blocks, pool, rng)
     k = torch.randn((pool, BLOCK, HKV, D), generator=gen).to(dtype)
     v = torch.randn((pool, BLOCK, HKV, D), generator=gen).to(dtype)
-    q = torch.randn((q_len, H, D), generator=gen)
+    q = torch.randn((q_len, H, D), generator=gen).to(dtype).float()  # a model's queries
     out = torch.empty_like(q)
     chunk = plan_extend(table, seq_len, q_len, pool, BLOCK)
     meta = AttentionMetadata(
@@ -130,16 +133,22 @@ def prefill_case(
     )  # fmt: skip
     qd = q.to(dtype)
     sdpa_chunk = torch_backend._prefill_plan(meta, [0, q_len], BLOCK, qd)[0]
-    best = best_of({
+    fns: dict[str, Callable[[], object]] = {
         "native": lambda: native_extend(native, chunk, q, k, v, D**-0.5, out),
         "torch_sdpa": lambda: torch_backend._prefill_one(qd, k, v, sdpa_chunk, D**-0.5),
-    }, runs)  # fmt: skip
+    }
+    if dtype == torch.bfloat16 and native.bf16_products:  # the native float32-products path
+        fns["native_f32_products"] = lambda: native_extend(native, chunk, q, k, v, D**-0.5, out,
+                                                           bf16_products=False)  # fmt: skip
+    best = best_of(fns, runs)
     flops = 4 * D * H * sum(cached + i + 1 for i in range(q_len))
     return {
         "query_rows": q_len, "cached_tokens": cached,
         **{f"{name}_ms": round(t * 1e3, 3) for name, t in best.items()},
         **{f"{name}_gflop_per_s": round(flops / t / 1e9, 1) for name, t in best.items()},
         "native_speedup": round(best["torch_sdpa"] / best["native"], 2),
+        **({"bf16_products_speedup": round(best["native_f32_products"] / best["native"], 2)}
+           if "native_f32_products" in best else {}),
     }  # fmt: skip
 
 

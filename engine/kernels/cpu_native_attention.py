@@ -86,6 +86,11 @@ class NativeKernels:
     decode: dict[torch.dtype, Kernel]
     extend: dict[torch.dtype, Kernel]
 
+    @property
+    def bf16_products(self) -> bool:
+        """Whether prefill over a bfloat16 cache can run on bfloat16 dot products here."""
+        return self.library.bf16_products
+
 
 @functools.cache
 def load_native_kernels(cache_dir: Path) -> NativeKernels:
@@ -190,9 +195,17 @@ def native_extend(
     out: torch.Tensor,
     num_threads: int | None = None,
     query_tile: int | None = None,
+    bf16_products: bool = True,
 ) -> None:
     """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
-    context (the cached prefix and the chunk's own K/V, already written) into ``out``."""
+    context (the cached prefix and the chunk's own K/V, already written) into ``out``.
+
+    ``bf16_products``: over a bfloat16 cache, a work item whose query rows all hold
+    bfloat16 values (a bfloat16 model's) runs on AVX512-BF16 dot products where the
+    library has them (:attr:`NativeKernels.bf16_products`): products exact, sums in
+    float32, the probabilities rounded to bfloat16 for P.V as torch's bfloat16 flash
+    attention rounds them; 1.5-1.9x faster (the source says where). False: float32
+    products only (every value widened exactly)."""
     check_tensors(q, k_cache, v_cache, out, int8=True)
     if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (
             chunk.num_blocks, chunk.block_size):  # fmt: skip
@@ -207,7 +220,7 @@ def native_extend(
     bad = kernels.extend[k_cache.dtype](
         head_dim, group, q.data_ptr(), chunk.q_len, _ptr(k), _ptr(v), _ptr(chunk.table),
         chunk.seq_len - chunk.q_len, k_cache.shape[1], k_cache.shape[2], float(scale),
-        out.data_ptr(), query_tile, openmp_threads(num_threads),
+        out.data_ptr(), query_tile, openmp_threads(num_threads), int(bf16_products),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native extend kernel refused its arguments")

@@ -86,6 +86,7 @@ class NativeLibrary:
     extend_bf16: Callable[..., int]
     decode_int8: Callable[..., int]
     extend_int8: Callable[..., int]
+    bf16_products: bool  # built with the bfloat16 dot-product extend (AVX512-BF16)
 
 
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
@@ -131,8 +132,9 @@ def _entry(lib: ctypes.CDLL, name: str, extend: bool) -> Any:
     i32, i64, ptr, f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     fn = getattr(lib, name)
     if extend:  # head_dim, group, q, q_len, k, v, table, offset, block_size, hkv, scale,
-        # out, tile, threads
-        fn.argtypes = [i32, i32, ptr, i32, ptr, ptr, ptr, i32, i32, i32, f32, ptr, i32, i32]
+        # out, tile, threads, products
+        fn.argtypes = [i32, i32, ptr, i32, ptr, ptr, ptr, i32, i32, i32, f32, ptr, i32, i32,
+                       i32]  # fmt: skip
     else:  # head_dim, group, q, k, v, tables, table_stride, seq_lens, q_rows, seq_ids,
         # rows, block_size, hkv, scale, out, threads
         fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i32, i32, i32, f32,
@@ -158,4 +160,5 @@ def load(cache_dir: Path) -> NativeLibrary:
         _entry(lib, "kvt_extend_items_bf16", extend=True),
         _entry(lib, "kvt_decode_rows_int8", extend=False),
         _entry(lib, "kvt_extend_items_int8", extend=True),
+        bool(lib.kvt_bf16_products()),
     )

@@ -4,6 +4,7 @@ compiler: the CPU backend then runs the numba kernels, tested on their own)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,18 @@ EXTEND_CASES = [
 ]
 
 
+# The bfloat16 dot-product path (bfloat16 cache and queries): products exact, P rounded to
+# bfloat16 for P.V (a relative 2^-9 per probability), sums in float32.
+BF16_PRODUCTS = {"atol": 1e-2, "rtol": 1e-2}
+
+
+def _bf16_queries(batch: PagedBatch) -> PagedBatch:
+    """``batch`` with its queries rounded to bfloat16 values (a bfloat16 model's)."""
+    return dataclasses.replace(batch, q=batch.q.to(torch.bfloat16).float())
+
+
 def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
-                 query_tile: int | None) -> torch.Tensor:  # fmt: skip
+                 query_tile: int | None, bf16_products: bool = True) -> torch.Tensor:  # fmt: skip
     """Every sequence's chunk of ``batch`` through the native extend kernel, one call
     each, as [T, H, D] (NaN where a call wrote nothing)."""
     out = torch.full_like(batch.q, float("nan"))
@@ -121,7 +132,8 @@ def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: t
         chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], k.shape[1])
         part = torch.empty_like(batch.q[lo:hi])
         native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v,
-                      batch.q.shape[2] ** -0.5, part, query_tile=query_tile)  # fmt: skip
+                      batch.q.shape[2] ** -0.5, part, query_tile=query_tile,
+                      bf16_products=bf16_products)  # fmt: skip
         out[lo:hi] = part
     return out
 
@@ -152,6 +164,51 @@ def test_extend_matches_reference(
                                     batch.seq_lens, batch.block_tables, scale)  # fmt: skip
     out = _extend_each(native, batch, k, v, query_tile)
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("query_tile", [1, 16, None])
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size", EXTEND_CASES
+)
+def test_bf16_queries_over_a_bf16_cache_match_reference(
+    native: NativeKernels,
+    query_tile: int | None,
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """A bfloat16 model's prefill: on bfloat16 dot products where the CPU has them
+    (within their rounding of P), and on float32 products when asked (exact widening:
+    float32 tolerances)."""
+    batch = _bf16_queries(build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads,
+                                            head_dim, block_size, torch.float32, "cpu",
+                                            seed=5))  # fmt: skip
+    k, v, k_ref, v_ref = _caches(batch, torch.bfloat16)
+    ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
+                                    batch.seq_lens, batch.block_tables,
+                                    head_dim**-0.5)  # fmt: skip
+    fast = _extend_each(native, batch, k, v, query_tile)
+    exact = _extend_each(native, batch, k, v, query_tile, bf16_products=False)
+    torch.testing.assert_close(fast, ref, **BF16_PRODUCTS)
+    torch.testing.assert_close(exact, ref, **TOLERANCES[torch.float32])
+
+
+def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) -> None:
+    """Where the library has the dot-product path, a bfloat16 model's queries take it
+    (P rounded: not the float32 path's values), and queries with float32 bits below
+    bfloat16's keep the float32 path bit for bit (their products would not be exact)."""
+    if not native.bf16_products:
+        pytest.skip("this CPU has no AVX512-BF16: float32 products only")
+    batch = build_paged_batch([24], [1048], 9, 3, 64, 16, torch.float32, "cpu", seed=6)
+    k, v, _, _ = _caches(batch, torch.bfloat16)
+    rounded = _bf16_queries(batch)
+    fast = _extend_each(native, rounded, k, v, None)
+    assert not torch.equal(fast, _extend_each(native, rounded, k, v, None, bf16_products=False))
+    float_q = _extend_each(native, batch, k, v, None)
+    assert torch.equal(float_q, _extend_each(native, batch, k, v, None, bf16_products=False))
 
 
 def test_threads_do_not_change_the_result(native: NativeKernels) -> None:
@@ -195,29 +252,36 @@ def test_attention_runs_on_torchs_openmp_runtime() -> None:
     assert len(mapped) == 1 and Path(torch.__file__).parent.as_posix() in mapped[0], mapped
 
 
-def test_prefill_threads_do_not_change_the_result(native: NativeKernels) -> None:
-    batch = build_paged_batch([37], [150], 9, 3, 64, 16, torch.float32, "cpu")
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_prefill_threads_do_not_change_the_result(
+    native: NativeKernels, cache_dtype: torch.dtype
+) -> None:
+    batch = _bf16_queries(build_paged_batch([37], [150], 9, 3, 64, 16, torch.float32, "cpu"))
+    k, v, _, _ = _caches(batch, cache_dtype)
     outs = []
     for threads in (1, 2):
-        chunk = plan_extend(batch.block_tables[0], 150, 37, batch.k_cache.shape[0], 16)
+        chunk = plan_extend(batch.block_tables[0], 150, 37, k.shape[0], 16)
         out = torch.full_like(batch.q, float("nan"))
-        native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.125, out, threads)
+        native_extend(native, chunk, batch.q, k, v, 0.125, out, threads)
         outs.append(out)
     torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
 
 
-def test_extreme_scores_stay_finite(native: NativeKernels) -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_extreme_scores_stay_finite(native: NativeKernels, cache_dtype: torch.dtype) -> None:
     """Scores hundreds apart: the running max keeps every exp in range, as the
-    reference's softmax does."""
-    batch = build_paged_batch([20], [50], 4, 2, 64, 16, torch.float32, "cpu", seed=4)
-    k = batch.k_cache * 30.0
+    reference's softmax does (bfloat16: on the dot-product path where there is one)."""
+    batch = _bf16_queries(build_paged_batch([20], [50], 4, 2, 64, 16, torch.float32, "cpu",
+                                            seed=4))  # fmt: skip
+    k, v = (batch.k_cache * 30.0).to(cache_dtype), batch.v_cache.to(cache_dtype)
     chunk = plan_extend(batch.block_tables[0], 50, 20, k.shape[0], 16)
     out = torch.empty_like(batch.q)
-    native_extend(native, chunk, batch.q, k, batch.v_cache, 0.125, out)
-    ref = reference_paged_attention(batch.q, k, batch.v_cache, batch.query_start_loc,
+    native_extend(native, chunk, batch.q, k, v, 0.125, out)
+    ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
                                     batch.seq_lens, batch.block_tables, 0.125)  # fmt: skip
     assert bool(torch.isfinite(out).all())
-    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+    tolerance = BF16_PRODUCTS if cache_dtype == torch.bfloat16 else TOLERANCES[torch.float32]
+    torch.testing.assert_close(out, ref, **tolerance)
 
 
 def test_unsupported_layouts_are_refused(native: NativeKernels) -> None:
@@ -288,6 +352,7 @@ def test_why_it_cannot_build_is_said() -> None:
     block_size=st.sampled_from([8, 16, 32]),
     cache_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8]),
     query_tile=st.integers(1, 20),
+    bf16_queries=st.booleans(),
 )
 def test_any_chunks_match_reference(
     native: NativeKernels,
@@ -296,21 +361,27 @@ def test_any_chunks_match_reference(
     block_size: int,
     cache_dtype: torch.dtype,
     query_tile: int,
+    bf16_queries: bool,
 ) -> None:
     """Random chunks (query rows, tokens cached before them) over scattered blocks: every
-    tile and block boundary, every remainder of the row groups, as prefill chunks and,
-    for their last rows, as decode rows."""
+    tile and block boundary, every remainder of the row groups (and of the 16-row lane
+    groups of the bfloat16 dot-product path), as prefill chunks and, for their last
+    rows, as decode rows."""
     num_heads, num_kv_heads, head_dim = layout
     query_lens = [q for q, _ in chunks]
     seq_lens = [q + c for q, c in chunks]
     batch = build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                               block_size, torch.float32, "cpu", seed=sum(seq_lens))  # fmt: skip
+    if bf16_queries:
+        batch = _bf16_queries(batch)
     k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     scale = head_dim**-0.5
     ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
                                     batch.seq_lens, batch.block_tables, scale)  # fmt: skip
     out = _extend_each(native, batch, k, v, query_tile)
-    torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+    products = bf16_queries and cache_dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, **(BF16_PRODUCTS if products else
+                                            TOLERANCES[torch.float32]))  # fmt: skip
     rows = batch.query_start_loc[1:].long() - 1  # each chunk's last row
     plan = plan_decode_rows(batch.q.shape[0], num_heads, k.shape[0], block_size,
                             batch.block_tables, batch.seq_lens, rows,
