@@ -233,7 +233,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         gen = torch.Generator().manual_seed(0)
         kc, vc = (torch.randn((blocks, block_size, num_kv_heads, head_dim), generator=gen)
                   .to(k_cache.dtype) for _ in range(2))  # fmt: skip
-        q = torch.randn((q_len, num_heads, head_dim), generator=gen)
+        # queries of the model's dtype, as a step's are (bfloat16 ones take the native
+        # kernel's dot-product path where it has one)
+        q = torch.randn((q_len, num_heads, head_dim), generator=gen).to(k_cache.dtype).float()
         table = torch.arange(blocks, dtype=torch.int32)
         meta = AttentionMetadata(
             torch.tensor([0, q_len], dtype=torch.int32), torch.tensor([seq_len], dtype=torch.int32),
