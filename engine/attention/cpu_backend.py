@@ -56,11 +56,11 @@ class _StepDecode:
     """One step's decode rows as every layer runs them (built at the first layer)."""
 
     meta: AttentionMetadata
-    dtype: torch.dtype  # of q: float32 runs in place, bfloat16 through float32 copies
+    dtype: torch.dtype  # of q: in place (float32, or the native kernels), else float32 copies
     rows: DecodeRows
     q_index: torch.Tensor  # [R] int64 rows of q / out that are decodes
     all_rows: bool  # every row of q is a decode (no gather or scatter needed)
-    out32: torch.Tensor | None  # bfloat16: the kernel's float32 output [R, H, D]
+    out32: torch.Tensor | None  # through copies: the kernel's float32 output [R, H, D]
 
 
 # The start-up race between the native prefill kernel and torch's fused attention: this
@@ -258,22 +258,22 @@ class CpuAttentionBackend(TorchAttentionBackend):
                  q_len, cached, best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
         return best["native"] <= best["torch"]
 
-    def _prefill_one(
+    def _prefill_into(
         self,
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         chunk: _PrefillChunk,
         scale: float,
-    ) -> torch.Tensor:
+        out: torch.Tensor,
+    ) -> None:
         native = self._native_prefill or chunk.end - chunk.start <= self._native_max_q
         if not native or self._native is None or k_cache.dtype not in NATIVE_DTYPES:
-            return super()._prefill_one(q, k_cache, v_cache, chunk, scale)
-        plan = self._extend_plan(chunk, k_cache)
-        q32 = q.float().contiguous()
-        out = torch.empty_like(q32)
-        native_extend(self._native, plan, q32, k_cache, v_cache, scale, out)
-        return out if q.dtype == torch.float32 else out.to(q.dtype)
+            super()._prefill_into(q, k_cache, v_cache, chunk, scale, out)
+            return
+        # q (a view into the step's q/k/v projection) read and out written in place
+        native_extend(self._native, self._extend_plan(chunk, k_cache), q, k_cache, v_cache,
+                      scale, out)  # fmt: skip
 
     def _extend_plan(self, chunk: _PrefillChunk, k_cache: torch.Tensor) -> ExtendChunk:
         """The native plan of ``chunk``, made at the step's first layer (the torch
@@ -310,30 +310,21 @@ class CpuAttentionBackend(TorchAttentionBackend):
         step = self._step_decode(q, k_cache, meta, qsl)
         if not step.rows.num_rows:
             return
-        if q.dtype == torch.float32:
-            self._attend(step.rows, q.contiguous(), k_cache, v_cache, scale, out)
+        if self._native is not None:  # q read and out written in place, either dtype
+            native_decode_rows(self._native, step.rows, q, k_cache, v_cache, scale, out)
             return
-        assert step.out32 is not None
+        if q.dtype == torch.float32:  # numba: float32 in place
+            decode_rows_attention(step.rows, q.contiguous(), k_cache, v_cache, scale, out,
+                                  kernels=self._kernels)  # fmt: skip
+            return
+        assert step.out32 is not None  # numba, bfloat16: through float32 copies
         q32 = q.float() if step.all_rows else q.index_select(0, step.q_index).float()
-        self._attend(step.rows, q32, k_cache, v_cache, scale, step.out32)
+        decode_rows_attention(step.rows, q32, k_cache, v_cache, scale, step.out32,
+                              kernels=self._kernels)  # fmt: skip
         if step.all_rows:
             out.copy_(step.out32)
         else:
             out.index_copy_(0, step.q_index, step.out32.to(out.dtype))
-
-    def _attend(
-        self,
-        rows: DecodeRows,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-        out: torch.Tensor,
-    ) -> None:
-        if self._native is not None:
-            native_decode_rows(self._native, rows, q, k_cache, v_cache, scale, out)
-        else:
-            decode_rows_attention(rows, q, k_cache, v_cache, scale, out, kernels=self._kernels)
 
     def _step_decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata, qsl: list[int]
@@ -346,7 +337,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         seq_ids = torch.tensor(decodes, dtype=torch.int64)
         num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
         scratch = self._native is None
-        if q.dtype == torch.float32:  # the kernel reads q and writes out in place
+        if q.dtype == torch.float32 or not scratch:  # the kernel reads q, writes out in place
             rows = plan_decode_rows(q.shape[0], q.shape[1], num_blocks, block_size,
                                     meta.block_tables, meta.seq_lens, q_index, seq_ids,
                                     scratch)  # fmt: skip

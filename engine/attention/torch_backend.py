@@ -124,8 +124,22 @@ class TorchAttentionBackend:
             qsl.append(qsl[-1] + n)
         self._decode_rows(q, k_cache, v_cache, meta, qsl, scale, out)
         for c in self._prefill_plan(meta, qsl, k_cache.shape[1], q):
-            out[c.start : c.end] = self._prefill_one(q[c.start : c.end], k_cache, v_cache, c, scale)
+            self._prefill_into(q[c.start : c.end], k_cache, v_cache, c, scale,
+                               out[c.start : c.end])  # fmt: skip
         return out
+
+    def _prefill_into(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        chunk: _PrefillChunk,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """One prefill chunk's attention written into ``out``, its rows of the step's
+        output (a backend whose kernel writes there itself overrides this)."""
+        out.copy_(self._prefill_one(q, k_cache, v_cache, chunk, scale))
 
     def _prefill_plan(
         self, meta: AttentionMetadata, qsl: list[int], block_size: int, q: torch.Tensor

@@ -183,20 +183,27 @@ class CpuDecodeKernels:
 
 def check_tensors(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    int8: bool = False,
+    native: bool = False,
 ) -> None:  # fmt: skip
-    """ValueError unless a kernel takes these; ``int8``: int8 caches too (the native
-    kernels: rows of head_dim + 4, :mod:`engine.kernels.kv_int8`)."""
+    """ValueError unless a kernel takes these; ``native``: the native kernels' terms: int8
+    caches too (rows of head_dim + 4, :mod:`engine.kernels.kv_int8`), and q and out
+    float32 or bfloat16 with each token's heads contiguous, its rows any stride apart
+    (:func:`rows_ok`); else contiguous float32 q and out."""
     for name, t in (("q", q), ("out", out)):
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+        if native:
+            if not rows_ok(t):
+                raise ValueError(f"{name}: need a float32 or bfloat16 CPU tensor [T, H, D] "
+                                 f"with each row's H x D values contiguous, got {t.dtype} "
+                                 f"on {t.device}, strides {t.stride()}")  # fmt: skip
+        elif t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got "
                              f"{t.dtype} on {t.device} (contiguous={t.is_contiguous()})")
-    dtypes = (*CACHE_DTYPES, torch.int8) if int8 else CACHE_DTYPES
+    dtypes = (*CACHE_DTYPES, torch.int8) if native else CACHE_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if (t.device.type != "cpu" or t.dtype not in dtypes or not t.is_contiguous()
                 or t.dtype != k_cache.dtype):
             raise ValueError(f"{name}: need a contiguous "
-                             f"{'float32, bfloat16 or int8' if int8 else 'float32 or bfloat16'} "
+                             f"{'float32, bfloat16 or int8' if native else 'float32 or bfloat16'} "
                              f"CPU tensor (both caches alike), got {t.dtype} on {t.device} "
                              f"(contiguous={t.is_contiguous()})")  # fmt: skip
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -212,6 +219,20 @@ def check_tensors(
                          f"head_dim {head_dim} vs cache {k_cache.shape[3]}"
                          + (f" (int8 rows: head_dim + {SCALE_BYTES})" if width != head_dim
                             else ""))  # fmt: skip
+
+
+def rows_ok(t: torch.Tensor) -> bool:
+    """Whether the native kernels read or write ``t`` in place: float32 or bfloat16 on
+    the CPU, [T, H, D] with each token's H x D values contiguous and its rows at least
+    that far apart (a view of a wider row, such as q in the stacked q/k/v projection)."""
+    return (
+        t.device.type == "cpu"
+        and t.dtype in (torch.float32, torch.bfloat16)
+        and t.dim() == 3
+        and t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1] * t.shape[2])
+    )
 
 
 def _check_indices(
@@ -292,11 +313,11 @@ def cache_arrays(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarr
 def check_planned(
     rows: DecodeRows, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out: torch.Tensor,
-    int8: bool = False,
+    native: bool = False,
 ) -> None:  # fmt: skip
     """ValueError unless the tensors are ones a kernel takes (:func:`check_tensors`) and
     of the shapes ``rows`` were planned (and their indices checked) for."""
-    check_tensors(q, k_cache, v_cache, out, int8)
+    check_tensors(q, k_cache, v_cache, out, native)
     if (q.shape[0], q.shape[1]) != (rows.num_q, rows.num_heads) or (
         k_cache.shape[0], k_cache.shape[1]) != (rows.num_blocks, rows.block_size):
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "

@@ -8,7 +8,9 @@ a KV head over a tile of :data:`QUERY_TILE` query rows of a prefill chunk, the l
 tiles, which see the most keys, first). Here are the checks that go before them: the
 kernels trust every index.
 Shapes and layout are those of :mod:`engine.kernels.cpu_decode_attention`; q and out
-are float32, the caches float32 or bfloat16, head_dim one of
+are float32 or bfloat16, read and written in place (a bfloat16 model's q straight out
+of its stacked q/k/v projection, rows a wider stride apart; no float32 copies), the
+caches float32, bfloat16 or int8, head_dim one of
 :data:`engine.kernels.native_build.HEAD_DIMS` and up to ``MAX_GROUP`` query heads per
 KV head.
 
@@ -70,6 +72,12 @@ Kernel = Callable[..., Any]
 
 def _ptr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
+
+
+def _io(t: torch.Tensor) -> tuple[int, int, int]:
+    """A checked q or out as the kernels take it: address, token-row stride (elements),
+    whether it holds bfloat16."""
+    return t.data_ptr(), t.stride(0), int(t.dtype == torch.bfloat16)
 
 
 def openmp_threads(num_threads: int | None) -> int:
@@ -139,17 +147,18 @@ def native_decode_rows(
     num_threads: int | None = None,
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
-    checked there) of ``q`` into the same rows of ``out``."""
-    check_planned(rows, q, k_cache, v_cache, out, int8=True)
+    checked there) of ``q`` into the same rows of ``out`` (float32 or bfloat16 each, read
+    and written in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`)."""
+    check_planned(rows, q, k_cache, v_cache, out, native=True)
     head_dim, group = _check_layout(q, k_cache)
     if not rows.num_rows:
         return
     k, v = cache_arrays(k_cache, v_cache)
     tables = rows.block_tables  # planned: contiguous int32 [S, B]; int32 lens, int64 rows
     bad = kernels.decode[k_cache.dtype](
-        head_dim, group, q.data_ptr(), _ptr(k), _ptr(v), _ptr(tables), tables.shape[1],
+        head_dim, group, *_io(q), _ptr(k), _ptr(v), _ptr(tables), tables.shape[1],
         _ptr(rows.seq_lens), _ptr(rows.q_rows), _ptr(rows.seq_ids), rows.num_rows,
-        k_cache.shape[1], k_cache.shape[2], float(scale), out.data_ptr(),
+        k_cache.shape[1], k_cache.shape[2], float(scale), *_io(out),
         openmp_threads(num_threads),
     )  # fmt: skip
     if bad:
@@ -198,7 +207,8 @@ def native_extend(
     bf16_products: bool = True,
 ) -> None:
     """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
-    context (the cached prefix and the chunk's own K/V, already written) into ``out``.
+    context (the cached prefix and the chunk's own K/V, already written) into ``out``
+    (float32 or bfloat16 each, in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`).
 
     ``bf16_products``: over a bfloat16 cache, a work item whose query rows all hold
     bfloat16 values (a bfloat16 model's) runs on AVX512-BF16 dot products where the
@@ -206,7 +216,7 @@ def native_extend(
     float32, the probabilities rounded to bfloat16 for P.V as torch's bfloat16 flash
     attention rounds them; 1.5-1.9x faster (the source says where). False: float32
     products only (every value widened exactly)."""
-    check_tensors(q, k_cache, v_cache, out, int8=True)
+    check_tensors(q, k_cache, v_cache, out, native=True)
     if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (
             chunk.num_blocks, chunk.block_size):  # fmt: skip
         raise ValueError(f"q {tuple(q.shape)} and caches {tuple(k_cache.shape)} are not the "
@@ -218,9 +228,9 @@ def native_extend(
     head_dim, group = _check_layout(q, k_cache)
     k, v = cache_arrays(k_cache, v_cache)
     bad = kernels.extend[k_cache.dtype](
-        head_dim, group, q.data_ptr(), chunk.q_len, _ptr(k), _ptr(v), _ptr(chunk.table),
+        head_dim, group, *_io(q), chunk.q_len, _ptr(k), _ptr(v), _ptr(chunk.table),
         chunk.seq_len - chunk.q_len, k_cache.shape[1], k_cache.shape[2], float(scale),
-        out.data_ptr(), query_tile, openmp_threads(num_threads), int(bf16_products),
+        *_io(out), query_tile, openmp_threads(num_threads), int(bf16_products),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native extend kernel refused its arguments")

@@ -131,14 +131,14 @@ def build(cache_dir: Path, source: Path = SOURCE, extra_flags: tuple[str, ...] =
 def _entry(lib: ctypes.CDLL, name: str, extend: bool) -> Any:
     i32, i64, ptr, f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     fn = getattr(lib, name)
-    if extend:  # head_dim, group, q, q_len, k, v, table, offset, block_size, hkv, scale,
-        # out, tile, threads, products
-        fn.argtypes = [i32, i32, ptr, i32, ptr, ptr, ptr, i32, i32, i32, f32, ptr, i32, i32,
-                       i32]  # fmt: skip
-    else:  # head_dim, group, q, k, v, tables, table_stride, seq_lens, q_rows, seq_ids,
-        # rows, block_size, hkv, scale, out, threads
-        fn.argtypes = [i32, i32, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i32, i32, i32, f32,
-                       ptr, i32]  # fmt: skip
+    if extend:  # head_dim, group, q, q_stride, q_bf16, q_len, k, v, table, offset,
+        # block_size, hkv, scale, out, out_stride, out_bf16, tile, threads, products
+        fn.argtypes = [i32, i32, ptr, i64, i32, i32, ptr, ptr, ptr, i32, i32, i32, f32, ptr,
+                       i64, i32, i32, i32, i32]  # fmt: skip
+    else:  # head_dim, group, q, q_stride, q_bf16, k, v, tables, table_stride, seq_lens,
+        # q_rows, seq_ids, rows, block_size, hkv, scale, out, out_stride, out_bf16, threads
+        fn.argtypes = [i32, i32, ptr, i64, i32, ptr, ptr, ptr, i64, ptr, ptr, ptr, i32, i32,
+                       i32, f32, ptr, i64, i32, i32]  # fmt: skip
     fn.restype = i32
     return fn
 

@@ -5,7 +5,8 @@
 // layer runs every work item (decode: one row; extend: one KV head over a tile of query
 // rows) on the OpenMP threads (see decode_rows). Layout as in engine/attention/base.py:
 //
-//   q, out     [rows, H, D] float32, H = num_kv_heads * G (query heads of a KV head adjacent)
+//   q, out     [rows, H, D] float32 or bfloat16 bits (uint16), H = num_kv_heads * G (query
+//              heads of a KV head adjacent); token rows any stride apart (Io)
 //   k/v_cache  [num_blocks, block_size, num_kv_heads, D] float32 or bfloat16 bits (uint16),
 //              or int8 [..., D + 4]: each head's row D int8 values, then its float32
 //              scale (x = int8 * scale; written by cpu_fused.cpp's rope_kv_int8)
@@ -107,6 +108,57 @@ struct Paged {
     }
 };
 
+// 16 float32 values rounded to bfloat16 as torch rounds (to nearest even; NaN -> 0x7FC0).
+inline __m256i to_bf16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                          _mm512_set1_epi32(0x7FFF));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+// The query rows a launch reads and the output rows it writes: float32 or bfloat16 (16-bit
+// patterns), [tokens, H, D] with each token's H x D values contiguous and its rows
+// ``stride`` elements apart (q may be a view into the step's stacked q/k/v projection), so
+// a bfloat16 model's q and out need no float32 copies. Outputs are rounded as torch's
+// conversion rounds, so a bfloat16 out holds what the float32 out converted would.
+struct Io {
+    const void* q;
+    int64_t q_stride;
+    bool q_bf16;
+    void* out;
+    int64_t out_stride;
+    bool out_bf16;
+    // 16 query values of token t from element i of its row, widened to float32
+    __m512 load(int64_t t, int64_t i) const {
+        const int64_t at = t * q_stride + i;
+        return q_bf16 ? load16(static_cast<const uint16_t*>(q) + at)
+                      : _mm512_loadu_ps(static_cast<const float*>(q) + at);
+    }
+    // query values i and i + 1 of token t as one bfloat16 pair (i low); float32 values
+    // give their top halves (exact only where they are bfloat16 values: bf16_rows)
+    uint32_t pair(int64_t t, int64_t i) const {
+        const int64_t at = t * q_stride + i;
+        uint32_t w;
+        if (q_bf16) {
+            memcpy(&w, static_cast<const uint16_t*>(q) + at, sizeof(w));
+            return w;
+        }
+        uint32_t lo, hi;
+        memcpy(&lo, static_cast<const float*>(q) + at, sizeof(lo));
+        memcpy(&hi, static_cast<const float*>(q) + at + 1, sizeof(hi));
+        return (lo >> 16) | (hi & 0xFFFF0000u);
+    }
+    void store(int64_t t, int64_t i, __m512 x) const {
+        const int64_t at = t * out_stride + i;
+        if (out_bf16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + at), to_bf16(x));
+        else
+            _mm512_storeu_ps(static_cast<float*>(out) + at, x);
+    }
+};
+
 // One softmax row's running state: max, sum of exponentials, and C vectors of output.
 template <int C>
 struct RowState {
@@ -131,9 +183,10 @@ struct RowState {
         l += _mm512_reduce_add_ps(e);
         _mm512_storeu_ps(p, e);
     }
-    void store(float* out) const {
+    // the normalised output into token t's row from element i
+    void store(const Io& io, int64_t t, int64_t i) const {
         __m512 sum = _mm512_set1_ps(l);
-        for (int c = 0; c < C; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(acc[c], sum));
+        for (int c = 0; c < C; c++) io.store(t, i + 16 * c, _mm512_div_ps(acc[c], sum));
     }
 };
 
@@ -179,8 +232,8 @@ inline void tile_scores(const __m512* const* q, Keys key, __m512* scores) {
 // Decode: one query row (all H heads) over its sequence's ``length`` tokens. Per tile,
 // every KV head in turn, so each token's K (and V) row is read whole, once.
 template <int D, int G, typename T>
-void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_t* table,
-                int length, int block_size, int num_kv_heads, float scale, float* out) {
+void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, const int32_t* table,
+                int length, int block_size, int num_kv_heads, float scale) {
     constexpr int C = D / 16;
     constexpr int HS = D + row_extra<T>();  // elements of one head's row
     const int64_t token = int64_t(num_kv_heads) * HS;
@@ -205,7 +258,7 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
             __m512 qv[G][C];
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++)
-                    qv[g][c] = _mm512_mul_ps(_mm512_loadu_ps(q + (kvh * G + g) * D + 16 * c), vscale);
+                    qv[g][c] = _mm512_mul_ps(io.load(t, (kvh * G + g) * D + 16 * c), vscale);
             const __m512* qg[G];
             for (int g = 0; g < G; g++) qg[g] = qv[g];
             __m512 s[G];
@@ -243,7 +296,7 @@ void decode_row(const float* q, const T* k_cache, const T* v_cache, const int32_
                 for (int c = 0; c < C; c++) st[g].acc[c] = acc[g][c];
         }
     }
-    for (int h = 0; h < num_kv_heads * G; h++) state[h].store(out + h * D);
+    for (int h = 0; h < num_kv_heads * G; h++) state[h].store(io, t, h * D);
 }
 
 
@@ -277,13 +330,19 @@ inline void extend_rows(RowState<C>* state, const __m512* const* q, const int* s
 }
 
 #ifdef __AVX512BF16__
-// Whether query rows [a, b) of KV head ``kvh``'s G heads are bfloat16 values (low 16 bits
-// of every float32 zero): then their products with bfloat16 keys are exact in float32.
-inline bool bf16_rows(const float* q, int a, int b, int kvh, int group, int heads, int d) {
+// Whether query rows [a, b) of KV head ``kvh``'s G heads are bfloat16 values (a bfloat16 q,
+// or float32 ones whose low 16 bits are all zero): then their products with bfloat16 keys
+// are exact in float32.
+inline bool bf16_rows(const Io& io, int a, int b, int kvh, int group, int d) {
+    if (io.q_bf16) return true;
     uint32_t low = 0;
     for (int t = a; t < b; t++) {
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(q + (int64_t(t) * heads + kvh * group) * d);
-        for (int i = 0; i < group * d; i++) low |= w[i];
+        const float* row = static_cast<const float*>(io.q) + int64_t(t) * io.q_stride + kvh * group * d;
+        for (int i = 0; i < group * d; i++) {
+            uint32_t w;
+            memcpy(&w, row + i, sizeof(w));
+            low |= w;
+        }
     }
     return (low & 0xFFFFu) == 0;
 }
@@ -305,11 +364,10 @@ inline bool bf16_rows(const float* q, int a, int b, int kvh, int group, int head
 //   512 after 512 3.27 vs 6.55 (277 against 139 GFLOP/s; torch's fused attention 9.03).
 // Largest difference from the float32 reference on random normal q/k/v: 3e-4 to 3e-3.
 template <int D>
-void extend_item_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
+void extend_item_bf16(const Io& io, const uint16_t* k_cache, const uint16_t* v_cache,
                       const int32_t* table, int offset, int a, int b, int kvh, int group,
-                      int block_size, int num_kv_heads, float scale, float* out) {
+                      int block_size, int num_kv_heads, float scale) {
     constexpr int C = D / 16, P = D / 2, LANES = 16;
-    const int heads = num_kv_heads * group;
     const int64_t token = int64_t(num_kv_heads) * D;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
     const int rows = (b - a) * group;
@@ -323,9 +381,8 @@ void extend_item_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v
         const int nr = rows - g0 < LANES ? rows - g0 : LANES;
         for (int l = 0; l < LANES; l++) {  // spare lanes repeat the last row, never stored
             const int r = g0 + (l < nr ? l : nr - 1);
-            const uint32_t* w = reinterpret_cast<const uint32_t*>(
-                q + (int64_t(a + r / group) * heads + kvh * group + r % group) * D);
-            for (int p = 0; p < P; p++) qt[p][l] = (w[2 * p] >> 16) | (w[2 * p + 1] & 0xFFFF0000u);
+            const int64_t head = (kvh * group + r % group) * D;
+            for (int p = 0; p < P; p++) qt[p][l] = io.pair(a + r / group, head + 2 * p);
             pos[l] = offset + a + r / group;
         }
         memset(acc, 0, sizeof(float) * nr * D);
@@ -407,9 +464,10 @@ void extend_item_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v
         _mm512_store_ps(ls, sum);
         for (int l = 0; l < nr; l++) {
             const int r = g0 + l;
-            float* o = out + (int64_t(a + r / group) * heads + kvh * group + r % group) * D;
+            const int64_t head = (kvh * group + r % group) * D;
             const __m512 inv = _mm512_set1_ps(ls[l]);
-            for (int c = 0; c < C; c++) _mm512_storeu_ps(o + 16 * c, _mm512_div_ps(_mm512_load_ps(&acc[l][16 * c]), inv));
+            for (int c = 0; c < C; c++)
+                io.store(a + r / group, head + 16 * c, _mm512_div_ps(_mm512_load_ps(&acc[l][16 * c]), inv));
         }
     }
 }
@@ -421,14 +479,14 @@ void extend_item_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v
 // row of the item; a row stops at its last visible tile. With ``products``, bfloat16
 // caches and queries go to extend_item_bf16 where this build has it.
 template <int D, typename T>
-void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32_t* table,
+void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t* table,
                  int offset, int a, int b, int kvh, int group, int block_size,
-                 int num_kv_heads, float scale, float* out, bool products) {
+                 int num_kv_heads, float scale, bool products) {
 #ifdef __AVX512BF16__
     if constexpr (std::is_same_v<T, uint16_t>) {
-        if (products && bf16_rows(q, a, b, kvh, group, num_kv_heads * group, D)) {
-            extend_item_bf16<D>(q, k_cache, v_cache, table, offset, a, b, kvh, group,
-                                block_size, num_kv_heads, scale, out);
+        if (products && bf16_rows(io, a, b, kvh, group, D)) {
+            extend_item_bf16<D>(io, k_cache, v_cache, table, offset, a, b, kvh, group,
+                                block_size, num_kv_heads, scale);
             return;
         }
     }
@@ -436,7 +494,6 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
     (void)products;
 #endif
     constexpr int C = D / 16;
-    const int heads = num_kv_heads * group;
     constexpr int HS = D + row_extra<T>();  // elements of one head's row
     const int64_t token = int64_t(num_kv_heads) * HS;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
@@ -448,8 +505,8 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
     qs = reinterpret_cast<__m512*>((reinterpret_cast<uintptr_t>(qs) + 63) & ~uintptr_t(63));
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int r = 0; r < rows; r++) {
-        const float* qr = q + (int64_t(a + r / group) * heads + kvh * group + r % group) * D;
-        for (int c = 0; c < C; c++) qs[r * C + c] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * c), vscale);
+        const int64_t head = (kvh * group + r % group) * D;
+        for (int c = 0; c < C; c++) qs[r * C + c] = _mm512_mul_ps(io.load(a + r / group, head + 16 * c), vscale);
     }
     constexpr int ROWS = C <= 4 ? 4 : 2;  // as many as registers allow (4: ~10% over 2)
     alignas(64) float kbuf[TILE][D], vbuf[TILE][D];
@@ -499,14 +556,14 @@ void extend_item(const float* q, const T* k_cache, const T* v_cache, const int32
         }
     }
     for (int r = 0; r < rows; r++)
-        state[r].store(out + (int64_t(a + r / group) * heads + kvh * group + r % group) * D);
+        state[r].store(io, a + r / group, (kvh * group + r % group) * D);
 }
 
 template <typename T, int D>
-int decode_d(int group, const float* q, const T* k, const T* v, const int32_t* table, int length,
-             int block_size, int num_kv_heads, float scale, float* out) {
+int decode_d(int group, const Io& io, int64_t t, const T* k, const T* v, const int32_t* table,
+             int length, int block_size, int num_kv_heads, float scale) {
     switch (group) {
-#define KVT_G(g) case g: decode_row<D, g, T>(q, k, v, table, length, block_size, num_kv_heads, scale, out); return 0;
+#define KVT_G(g) case g: decode_row<D, g, T>(io, t, k, v, table, length, block_size, num_kv_heads, scale); return 0;
         KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
 #undef KVT_G
     }
@@ -514,23 +571,23 @@ int decode_d(int group, const float* q, const T* k, const T* v, const int32_t* t
 }
 
 template <typename T>
-int decode_any(int head_dim, int group, const float* q, const T* k, const T* v, const int32_t* table,
-               int length, int block_size, int num_kv_heads, float scale, float* out) {
+int decode_any(int head_dim, int group, const Io& io, int64_t t, const T* k, const T* v,
+               const int32_t* table, int length, int block_size, int num_kv_heads, float scale) {
     switch (head_dim) {
-        case 16: return decode_d<T, 16>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
-        case 32: return decode_d<T, 32>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
-        case 64: return decode_d<T, 64>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
-        case 128: return decode_d<T, 128>(group, q, k, v, table, length, block_size, num_kv_heads, scale, out);
+        case 16: return decode_d<T, 16>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
+        case 32: return decode_d<T, 32>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
+        case 64: return decode_d<T, 64>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
+        case 128: return decode_d<T, 128>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
     }
     return 1;
 }
 
 template <typename T>
-int extend_any(int head_dim, int group, const float* q, const T* k, const T* v, const int32_t* table,
+int extend_any(int head_dim, int group, const Io& io, const T* k, const T* v, const int32_t* table,
                int offset, int a, int b, int kvh, int block_size, int num_kv_heads, float scale,
-               float* out, bool products) {
+               bool products) {
     switch (head_dim) {
-#define KVT_D(d) case d: extend_item<d, T>(q, k, v, table, offset, a, b, kvh, group, block_size, num_kv_heads, scale, out, products); return 0;
+#define KVT_D(d) case d: extend_item<d, T>(io, k, v, table, offset, a, b, kvh, group, block_size, num_kv_heads, scale, products); return 0;
         KVT_D(16) KVT_D(32) KVT_D(64) KVT_D(128)
 #undef KVT_D
     }
@@ -546,33 +603,32 @@ int extend_any(int head_dim, int group, const float* q, const T* k, const T* v, 
 // launchers loaded the system's libgomp) whose idle workers spin on the same cores.
 // In-process, 64 requests, AMX Xeon, 3 interleaved pairs: 1.01-1.04x the numba launch.
 template <typename T>
-int decode_rows(int head_dim, int group, const float* q, const T* k, const T* v,
+int decode_rows(int head_dim, int group, const Io& io, const T* k, const T* v,
                 const int32_t* tables, int64_t table_stride, const int32_t* seq_lens,
                 const int64_t* q_rows, const int64_t* seq_ids, int rows, int block_size,
-                int num_kv_heads, float scale, float* out, int threads) {
-    const int64_t row = int64_t(num_kv_heads) * group * head_dim;
+                int num_kv_heads, float scale, int threads) {
     int bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(+ : bad)
     for (int r = 0; r < rows; r++) {
-        const int64_t qi = q_rows[r], s = seq_ids[r];
-        bad += decode_any<T>(head_dim, group, q + qi * row, k, v, tables + s * table_stride,
-                             seq_lens[s], block_size, num_kv_heads, scale, out + qi * row);
+        const int64_t s = seq_ids[r];
+        bad += decode_any<T>(head_dim, group, io, q_rows[r], k, v, tables + s * table_stride,
+                             seq_lens[s], block_size, num_kv_heads, scale);
     }
     return bad;
 }
 
 template <typename T>
-int extend_items(int head_dim, int group, const float* q, int q_len, const T* k, const T* v,
+int extend_items(int head_dim, int group, const Io& io, int q_len, const T* k, const T* v,
                  const int32_t* table, int offset, int block_size, int num_kv_heads,
-                 float scale, float* out, int tile, int threads, int products) {
+                 float scale, int tile, int threads, int products) {
     const int tiles = (q_len + tile - 1) / tile;
     int bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(+ : bad)
     for (int item = 0; item < tiles * num_kv_heads; item++) {
         const int a = (tiles - 1 - item / num_kv_heads) * tile;
         const int b = a + tile < q_len ? a + tile : q_len;
-        bad += extend_any<T>(head_dim, group, q, k, v, table, offset, a, b,
-                             item % num_kv_heads, block_size, num_kv_heads, scale, out,
+        bad += extend_any<T>(head_dim, group, io, k, v, table, offset, a, b,
+                             item % num_kv_heads, block_size, num_kv_heads, scale,
                              products != 0);
     }
     return bad;
@@ -580,26 +636,31 @@ int extend_items(int head_dim, int group, const float* q, int q_len, const T* k,
 
 }  // namespace
 
-// The entry points (ctypes): the launchers above, by cache dtype. Each returns 0, or the
-// number of items whose head_dim / group it was not built for (the caller checks those
-// first: 16, 32, 64, 128 and 1..8).
+// The entry points (ctypes): the launchers above, by cache dtype; q and out each a pointer,
+// its token rows' stride in elements and whether it holds bfloat16 (else float32). Each
+// returns 0, or the number of items whose head_dim / group it was not built for (the
+// caller checks those first: 16, 32, 64, 128 and 1..8).
 extern "C" {
 
 #define KVT_LAUNCHERS(suffix, T)                                                              \
-    int kvt_decode_rows_##suffix(int head_dim, int group, const float* q, const T* k,           \
-                                 const T* v, const int32_t* tables, int64_t table_stride,       \
-                                 const int32_t* seq_lens, const int64_t* q_rows,                \
-                                 const int64_t* seq_ids, int rows, int block_size,              \
-                                 int num_kv_heads, float scale, float* out, int threads) {      \
-        return decode_rows<T>(head_dim, group, q, k, v, tables, table_stride, seq_lens, q_rows, \
-                              seq_ids, rows, block_size, num_kv_heads, scale, out, threads);    \
+    int kvt_decode_rows_##suffix(int head_dim, int group, const void* q, int64_t q_stride,      \
+                                 int q_bf16, const T* k, const T* v, const int32_t* tables,     \
+                                 int64_t table_stride, const int32_t* seq_lens,                 \
+                                 const int64_t* q_rows, const int64_t* seq_ids, int rows,       \
+                                 int block_size, int num_kv_heads, float scale, void* out,      \
+                                 int64_t out_stride, int out_bf16, int threads) {               \
+        const Io io{q, q_stride, q_bf16 != 0, out, out_stride, out_bf16 != 0};                  \
+        return decode_rows<T>(head_dim, group, io, k, v, tables, table_stride, seq_lens,        \
+                              q_rows, seq_ids, rows, block_size, num_kv_heads, scale, threads); \
     }                                                                                           \
-    int kvt_extend_items_##suffix(int head_dim, int group, const float* q, int q_len,           \
-                                  const T* k, const T* v, const int32_t* table, int offset,     \
-                                  int block_size, int num_kv_heads, float scale, float* out,    \
-                                  int tile, int threads, int products) {                        \
-        return extend_items<T>(head_dim, group, q, q_len, k, v, table, offset, block_size,      \
-                               num_kv_heads, scale, out, tile, threads, products);              \
+    int kvt_extend_items_##suffix(int head_dim, int group, const void* q, int64_t q_stride,     \
+                                  int q_bf16, int q_len, const T* k, const T* v,                \
+                                  const int32_t* table, int offset, int block_size,             \
+                                  int num_kv_heads, float scale, void* out, int64_t out_stride, \
+                                  int out_bf16, int tile, int threads, int products) {          \
+        const Io io{q, q_stride, q_bf16 != 0, out, out_stride, out_bf16 != 0};                  \
+        return extend_items<T>(head_dim, group, io, q_len, k, v, table, offset, block_size,     \
+                               num_kv_heads, scale, tile, threads, products);                   \
     }
 KVT_LAUNCHERS(f32, float)
 KVT_LAUNCHERS(bf16, uint16_t)

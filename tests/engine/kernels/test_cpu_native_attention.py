@@ -211,6 +211,49 @@ def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) ->
     assert torch.equal(float_q, _extend_each(native, batch, k, v, None, bf16_products=False))
 
 
+def _in_a_wider_row(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``q`` [T, H, D] in ``dtype`` as the model hands it over: the first H x D columns of
+    a wider row (the stacked q/k/v projection), so its token rows are not adjacent."""
+    t, h, d = q.shape
+    wide = torch.full((t, h * d + 3 * d), float("nan"), dtype=dtype)
+    wide[:, : h * d] = q.reshape(t, h * d).to(dtype)
+    return wide[:, : h * d].view(t, h, d)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("bf16_products", [True, False])
+def test_bf16_q_and_out_in_place_equal_float32_copies(
+    native: NativeKernels, cache_dtype: torch.dtype, bf16_products: bool
+) -> None:
+    """A bfloat16 model's q read in place (a view into a wider row) and its out written
+    in bfloat16 give, bit for bit, what float32 copies of q gave, rounded as torch rounds;
+    prefill chunks and decode rows."""
+    batch = _bf16_queries(build_paged_batch([24, 1, 5, 1], [1048, 40, 5, 17], 9, 3, 64, 16,
+                                            torch.float32, "cpu", seed=8))  # fmt: skip
+    k, v, _, _ = _caches(batch, cache_dtype)
+    q16 = _in_a_wider_row(batch.q, torch.bfloat16)
+    starts = batch.query_start_loc.tolist()
+    want = torch.empty_like(batch.q)
+    got = torch.full_like(q16, float("nan"))
+    for seq, seq_len in enumerate(batch.seq_lens_cpu):
+        lo, hi = starts[seq], starts[seq + 1]
+        chunk = plan_extend(batch.block_tables[seq], seq_len, hi - lo, k.shape[0], k.shape[1])
+        native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v, 0.125, want[lo:hi],
+                      bf16_products=bf16_products)  # fmt: skip
+        native_extend(native, chunk, q16[lo:hi], k, v, 0.125, got[lo:hi],
+                      bf16_products=bf16_products)  # fmt: skip
+    assert torch.equal(got, want.to(torch.bfloat16))
+    rows = torch.tensor([1, 27, 28], dtype=torch.int64)  # rows of q that are decodes
+    plan = plan_decode_rows(batch.q.shape[0], 9, k.shape[0], 16, batch.block_tables,
+                            batch.seq_lens, rows, torch.tensor([0, 1, 3]),
+                            scratch=False)  # fmt: skip
+    want, got = torch.zeros_like(batch.q), torch.zeros_like(q16)
+    native_decode_rows(native, plan, batch.q, k, v, 0.125, want)
+    native_decode_rows(native, plan, q16, k, v, 0.125, got)
+    assert torch.equal(got, want.to(torch.bfloat16))
+    assert torch.equal(got[2], torch.zeros_like(got[2]))  # rows not planned: untouched
+
+
 def test_threads_do_not_change_the_result(native: NativeKernels) -> None:
     batch = build_paged_batch([1] * 5, [61, 30, 1, 17, 200], 9, 3, 64, 16, torch.float32, "cpu")
     one = _decode(native, batch, batch.k_cache, batch.v_cache, threads=1)
@@ -306,8 +349,14 @@ def test_bad_chunks_and_tensors_are_refused(native: NativeKernels) -> None:
     with pytest.raises(ValueError, match="not the ones this chunk was planned for"):
         native_extend(native, chunk, batch.q[:3].contiguous(), batch.k_cache, batch.v_cache,
                       0.25, out[:3].contiguous())  # fmt: skip
-    with pytest.raises(ValueError, match="q: need a contiguous float32"):
+    with pytest.raises(ValueError, match="q: need a float32 or bfloat16"):
         native_extend(native, chunk, batch.q.double(), batch.k_cache, batch.v_cache, 0.25, out)
+    with pytest.raises(ValueError, match="q: need a float32 or bfloat16"):  # heads not rows
+        native_extend(native, chunk, batch.q.transpose(0, 1).contiguous().transpose(0, 1),
+                      batch.k_cache, batch.v_cache, 0.25, out)  # fmt: skip
+    with pytest.raises(ValueError, match="out: need a float32 or bfloat16"):  # rows overlap
+        native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25,
+                      out.flatten()[: out[0].numel() + 3].as_strided(out.shape, (3, 16, 1)))
     for tile in (0, 65):
         with pytest.raises(ValueError, match="query_tile must be in"):
             native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25, out,
