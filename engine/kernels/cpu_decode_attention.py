@@ -198,6 +198,8 @@ def check_tensors(
         elif t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got "
                              f"{t.dtype} on {t.device} (contiguous={t.is_contiguous()})")
+    if native and _overlap(q, out):  # a work item's output row is another's query row
+        raise ValueError("out overlaps q: the kernels write out while other items read q")
     dtypes = (*CACHE_DTYPES, torch.int8) if native else CACHE_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if (t.device.type != "cpu" or t.dtype not in dtypes or not t.is_contiguous()
@@ -233,6 +235,17 @@ def rows_ok(t: torch.Tensor) -> bool:
         and t.stride(1) == t.shape[2]
         and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1] * t.shape[2])
     )
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two row-strided [T, H, D] tensors intersect."""
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        extent = (t.shape[0] - 1) * t.stride(0) + t.shape[1] * t.shape[2] if t.numel() else 0
+        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _check_indices(

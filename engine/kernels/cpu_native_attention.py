@@ -148,7 +148,8 @@ def native_decode_rows(
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
     checked there) of ``q`` into the same rows of ``out`` (float32 or bfloat16 each, read
-    and written in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`)."""
+    and written in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`; not
+    overlapping)."""
     check_planned(rows, q, k_cache, v_cache, out, native=True)
     head_dim, group = _check_layout(q, k_cache)
     if not rows.num_rows:
@@ -208,13 +209,14 @@ def native_extend(
 ) -> None:
     """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
     context (the cached prefix and the chunk's own K/V, already written) into ``out``
-    (float32 or bfloat16 each, in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`).
+    (float32 or bfloat16 each, in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`;
+    not overlapping).
 
     ``bf16_products``: over a bfloat16 cache, a work item whose query rows all hold
     bfloat16 values (a bfloat16 model's) runs on AVX512-BF16 dot products where the
     library has them (:attr:`NativeKernels.bf16_products`): products exact, sums in
     float32, the probabilities rounded to bfloat16 for P.V as torch's bfloat16 flash
-    attention rounds them; 1.5-1.9x faster (the source says where). False: float32
+    attention rounds them; 1.65-2x faster (the source says where). False: float32
     products only (every value widened exactly)."""
     check_tensors(q, k_cache, v_cache, out, native=True)
     if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (

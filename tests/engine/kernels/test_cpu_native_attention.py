@@ -354,6 +354,12 @@ def test_bad_chunks_and_tensors_are_refused(native: NativeKernels) -> None:
     with pytest.raises(ValueError, match="q: need a float32 or bfloat16"):  # heads not rows
         native_extend(native, chunk, batch.q.transpose(0, 1).contiguous().transpose(0, 1),
                       batch.k_cache, batch.v_cache, 0.25, out)  # fmt: skip
+    with pytest.raises(ValueError, match="out overlaps q"):
+        native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25, batch.q)
+    shared = torch.zeros(8 * 64)  # out from q's last row, head 1 on
+    q_in, out_in = shared[: 4 * 64].view(4, 4, 16), shared[3 * 64 + 16 :][: 4 * 64].view(4, 4, 16)
+    with pytest.raises(ValueError, match="out overlaps q"):
+        native_extend(native, chunk, q_in, batch.k_cache, batch.v_cache, 0.25, out_in)
     with pytest.raises(ValueError, match="out: need a float32 or bfloat16"):  # rows overlap
         native_extend(native, chunk, batch.q, batch.k_cache, batch.v_cache, 0.25,
                       out.flatten()[: out[0].numel() + 3].as_strided(out.shape, (3, 16, 1)))
