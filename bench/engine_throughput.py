@@ -40,6 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as ``python bench/engine_throughput.py``: the repo root
+    # first, not bench/ (whose kernels.py would shadow the ``kernels`` package that
+    # transformers probes for, and the HF peer would fail to import)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import torch
 
 from bench.emit import emit
