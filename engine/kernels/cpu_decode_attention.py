@@ -186,20 +186,14 @@ def check_tensors(
     native: bool = False,
 ) -> None:  # fmt: skip
     """ValueError unless a kernel takes these; ``native``: the native kernels' terms: int8
-    caches too (rows of head_dim + 4, :mod:`engine.kernels.kv_int8`), and q and out
-    float32 or bfloat16 with each token's heads contiguous, its rows any stride apart
-    (:func:`rows_ok`); else contiguous float32 q and out."""
-    for name, t in (("q", q), ("out", out)):
-        if native:
-            if not rows_ok(t):
-                raise ValueError(f"{name}: need a float32 or bfloat16 CPU tensor [T, H, D] "
-                                 f"with each row's H x D values contiguous, got {t.dtype} "
-                                 f"on {t.device}, strides {t.stride()}")  # fmt: skip
-        elif t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got "
-                             f"{t.dtype} on {t.device} (contiguous={t.is_contiguous()})")
-    if native and _overlap(q, out):  # a work item's output row is another's query row
-        raise ValueError("out overlaps q: the kernels write out while other items read q")
+    caches too (rows of head_dim + 4, :mod:`engine.kernels.kv_int8`), q and out left to
+    :func:`engine.kernels.cpu_native_attention.check_io`; else contiguous float32 q and
+    out."""
+    if not native:  # the native kernels check q and out themselves (in place, either dtype)
+        for name, t in (("q", q), ("out", out)):
+            if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"{name}: need a contiguous float32 CPU tensor, got "
+                                 f"{t.dtype} on {t.device} (contiguous={t.is_contiguous()})")
     dtypes = (*CACHE_DTYPES, torch.int8) if native else CACHE_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if (t.device.type != "cpu" or t.dtype not in dtypes or not t.is_contiguous()
@@ -221,31 +215,6 @@ def check_tensors(
                          f"head_dim {head_dim} vs cache {k_cache.shape[3]}"
                          + (f" (int8 rows: head_dim + {SCALE_BYTES})" if width != head_dim
                             else ""))  # fmt: skip
-
-
-def rows_ok(t: torch.Tensor) -> bool:
-    """Whether the native kernels read or write ``t`` in place: float32 or bfloat16 on
-    the CPU, [T, H, D] with each token's H x D values contiguous and its rows at least
-    that far apart (a view of a wider row, such as q in the stacked q/k/v projection)."""
-    return (
-        t.device.type == "cpu"
-        and t.dtype in (torch.float32, torch.bfloat16)
-        and t.dim() == 3
-        and t.stride(2) == 1
-        and t.stride(1) == t.shape[2]
-        and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1] * t.shape[2])
-    )
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory spans of two row-strided [T, H, D] tensors intersect."""
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        extent = (t.shape[0] - 1) * t.stride(0) + t.shape[1] * t.shape[2] if t.numel() else 0
-        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
 
 
 def _check_indices(

@@ -74,6 +74,40 @@ def _ptr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
 
 
+def rows_ok(t: torch.Tensor) -> bool:
+    """Whether the kernels read or write ``t`` in place: float32 or bfloat16 on the CPU,
+    [T, H, D] with each token's H x D values contiguous and its rows at least that far
+    apart (a view of a wider row, such as q in the stacked q/k/v projection)."""
+    return (
+        t.device.type == "cpu"
+        and t.dtype in (torch.float32, torch.bfloat16)
+        and t.dim() == 3
+        and t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1] * t.shape[2])
+    )
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a row-strided [T, H, D] tensor covers, as [start, end)."""
+    extent = (t.shape[0] - 1) * t.stride(0) + t.shape[1] * t.shape[2] if t.numel() else 0
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def check_io(q: torch.Tensor, out: torch.Tensor) -> None:
+    """ValueError unless the kernels can read ``q`` and write ``out`` in place
+    (:func:`rows_ok`) and they do not overlap (a work item's output row would be
+    another's query row)."""
+    for name, t in (("q", q), ("out", out)):
+        if not rows_ok(t):
+            raise ValueError(f"{name}: need a float32 or bfloat16 CPU tensor [T, H, D] "
+                             f"with each row's H x D values contiguous, got {t.dtype} "
+                             f"on {t.device}, strides {t.stride()}")  # fmt: skip
+    (q0, q1), (o0, o1) = _span(q), _span(out)
+    if q0 < o1 and o0 < q1:
+        raise ValueError("out overlaps q: the kernels write out while other items read q")
+
+
 def _io(t: torch.Tensor) -> tuple[int, int, int]:
     """A checked q or out as the kernels take it: address, token-row stride (elements),
     whether it holds bfloat16."""
@@ -148,8 +182,8 @@ def native_decode_rows(
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
     checked there) of ``q`` into the same rows of ``out`` (float32 or bfloat16 each, read
-    and written in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`; not
-    overlapping)."""
+    and written in place: :func:`check_io`)."""
+    check_io(q, out)
     check_planned(rows, q, k_cache, v_cache, out, native=True)
     head_dim, group = _check_layout(q, k_cache)
     if not rows.num_rows:
@@ -209,8 +243,7 @@ def native_extend(
 ) -> None:
     """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
     context (the cached prefix and the chunk's own K/V, already written) into ``out``
-    (float32 or bfloat16 each, in place: :func:`engine.kernels.cpu_decode_attention.rows_ok`;
-    not overlapping).
+    (float32 or bfloat16 each, in place: :func:`check_io`).
 
     ``bf16_products``: over a bfloat16 cache, a work item whose query rows all hold
     bfloat16 values (a bfloat16 model's) runs on AVX512-BF16 dot products where the
@@ -218,6 +251,7 @@ def native_extend(
     float32, the probabilities rounded to bfloat16 for P.V as torch's bfloat16 flash
     attention rounds them; 1.65-2x faster (the source says where). False: float32
     products only (every value widened exactly)."""
+    check_io(q, out)
     check_tensors(q, k_cache, v_cache, out, native=True)
     if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (
             chunk.num_blocks, chunk.block_size):  # fmt: skip

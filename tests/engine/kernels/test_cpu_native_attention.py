@@ -116,6 +116,12 @@ EXTEND_CASES = [
 BF16_PRODUCTS = {"atol": 1e-2, "rtol": 1e-2}
 
 
+def _reference(batch: PagedBatch, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The reference prefill of ``batch``'s chunks over float32 caches ``k`` and ``v``."""
+    return reference_paged_attention(batch.q, k, v, batch.query_start_loc, batch.seq_lens,
+                                     batch.block_tables, scale)  # fmt: skip
+
+
 def _bf16_queries(batch: PagedBatch) -> PagedBatch:
     """``batch`` with its queries rounded to bfloat16 values (a bfloat16 model's)."""
     return dataclasses.replace(batch, q=batch.q.to(torch.bfloat16).float())
@@ -160,8 +166,7 @@ def test_extend_matches_reference(
                               block_size, torch.float32, "cpu", seed=3)  # fmt: skip
     k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     scale = head_dim**-0.5
-    ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
-                                    batch.seq_lens, batch.block_tables, scale)  # fmt: skip
+    ref = _reference(batch, k_ref, v_ref, scale)
     out = _extend_each(native, batch, k, v, query_tile)
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
 
@@ -187,9 +192,7 @@ def test_bf16_queries_over_a_bf16_cache_match_reference(
                                             head_dim, block_size, torch.float32, "cpu",
                                             seed=5))  # fmt: skip
     k, v, k_ref, v_ref = _caches(batch, torch.bfloat16)
-    ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
-                                    batch.seq_lens, batch.block_tables,
-                                    head_dim**-0.5)  # fmt: skip
+    ref = _reference(batch, k_ref, v_ref, head_dim**-0.5)
     fast = _extend_each(native, batch, k, v, query_tile)
     exact = _extend_each(native, batch, k, v, query_tile, bf16_products=False)
     torch.testing.assert_close(fast, ref, **BF16_PRODUCTS)
@@ -198,15 +201,15 @@ def test_bf16_queries_over_a_bf16_cache_match_reference(
 
 def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) -> None:
     """Where the library has the dot-product path, a bfloat16 model's queries take it
-    (P rounded: not the float32 path's values), and queries with float32 bits below
-    bfloat16's keep the float32 path bit for bit (their products would not be exact)."""
-    if not native.bf16_products:
-        pytest.skip("this CPU has no AVX512-BF16: float32 products only")
+    (P rounded: not the float32 path's values); where it has none, asking for it changes
+    nothing. Queries with float32 bits below bfloat16's keep the float32 path bit for bit
+    either way (their products would not be exact)."""
     batch = build_paged_batch([24], [1048], 9, 3, 64, 16, torch.float32, "cpu", seed=6)
     k, v, _, _ = _caches(batch, torch.bfloat16)
     rounded = _bf16_queries(batch)
     fast = _extend_each(native, rounded, k, v, None)
-    assert not torch.equal(fast, _extend_each(native, rounded, k, v, None, bf16_products=False))
+    exact = _extend_each(native, rounded, k, v, None, bf16_products=False)
+    assert torch.equal(fast, exact) is not native.bf16_products
     float_q = _extend_each(native, batch, k, v, None)
     assert torch.equal(float_q, _extend_each(native, batch, k, v, None, bf16_products=False))
 
@@ -320,8 +323,7 @@ def test_extreme_scores_stay_finite(native: NativeKernels, cache_dtype: torch.dt
     chunk = plan_extend(batch.block_tables[0], 50, 20, k.shape[0], 16)
     out = torch.empty_like(batch.q)
     native_extend(native, chunk, batch.q, k, v, 0.125, out)
-    ref = reference_paged_attention(batch.q, k.float(), v.float(), batch.query_start_loc,
-                                    batch.seq_lens, batch.block_tables, 0.125)  # fmt: skip
+    ref = _reference(batch, k.float(), v.float(), 0.125)
     assert bool(torch.isfinite(out).all())
     tolerance = BF16_PRODUCTS if cache_dtype == torch.bfloat16 else TOLERANCES[torch.float32]
     torch.testing.assert_close(out, ref, **tolerance)
@@ -431,8 +433,7 @@ def test_any_chunks_match_reference(
         batch = _bf16_queries(batch)
     k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     scale = head_dim**-0.5
-    ref = reference_paged_attention(batch.q, k_ref, v_ref, batch.query_start_loc,
-                                    batch.seq_lens, batch.block_tables, scale)  # fmt: skip
+    ref = _reference(batch, k_ref, v_ref, scale)
     out = _extend_each(native, batch, k, v, query_tile)
     products = bf16_queries and cache_dtype == torch.bfloat16
     torch.testing.assert_close(out, ref, **(BF16_PRODUCTS if products else
