@@ -20,6 +20,8 @@ from engine.factory import LoadedModel, build_engine
 from engine.kv.hashing import TenantSalt, hash_prompt_blocks
 
 PROMPT = tuple(range(3, 43))  # 40 tokens: 2 full blocks
+# 50 steps whatever the tiny model samples (an early EOS would end the stream first)
+FIFTY_TOKENS = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
 
 
 async def _collect(engine: object, req: GenerationRequest) -> list[GenerationChunk]:
@@ -131,7 +133,7 @@ def test_a_failing_step_fails_the_stream_instead_of_hanging(tiny_model: LoadedMo
         try:
             with pytest.raises(RuntimeError, match="device lost"):
                 await asyncio.wait_for(
-                    _collect(engine, GenerationRequest("f", PROMPT, SamplingParams(max_tokens=50))),
+                    _collect(engine, GenerationRequest("f", PROMPT, FIFTY_TOKENS)),
                     30,
                 )
             await _wait_idle(engine, engine.load().num_total_blocks)
