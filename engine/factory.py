@@ -26,6 +26,7 @@ from engine.attention.base import AttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, TINY_MODEL, EngineConfig
 from engine.decode_graphs import graph_batch_sizes
+from engine.dtype_choice import native_bf16
 from engine.gpu_memory import GpuMemory, kv_cache_budget, measure, reset_peak
 from engine.host_memory import keep_tensor_memory
 from engine.kernels.cpu_fused import fused_kernels_here
@@ -101,7 +102,9 @@ def _build_model(
     if linear_quant == "int8":
         quantize_linears(model)  # engine.model.int8_linear: the opt-in quantized path
     if device == "cpu" and (packing := best_packing()) is not None:
-        pack_linears(model, packing)  # the rest (all, without int8); engine.model.packed_linear
+        # the rest (all, without int8); a bf16 model on a CPU without bf16 instructions
+        # multiplies in float32 (engine.model.packed_linear.pack_linears' upcast_bf16)
+        pack_linears(model, packing, upcast_bf16=not native_bf16(device))
     return model
 
 

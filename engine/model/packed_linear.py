@@ -52,6 +52,22 @@ AMX (``amx_bf16``)::
 Neither bf16 path is batch-invariant there (16 rows take another blocking). Where the
 CPU lacks bf16 instructions oneDNN may not build a bf16 primitive at all, so bf16
 packing is probed once (:func:`onednn_bf16_packing_works`) rather than assumed.
+
+Where it does build one without bf16 instructions, it emulates: each bf16 value is
+widened inside the kernel and the products are summed in float32 -- the arithmetic of
+a float32 product of the widened values, several times slower. A bf16 layer can
+therefore multiply in float32 (``compute_dtype``, :func:`pack_linears`'
+``upcast_bf16``): the packed copy is the weight widened exactly, inputs are widened and
+outputs rounded back to bfloat16 once, and rows are batch-invariant as in float32.
+One layer's projections (stacked q/k/v, o, stacked gate/up, down), best of 3x9, ms at
+2 threads, a 2-core Emerald Rapids VM whose CPUID hides AMX and AVX-512 BF16::
+
+    rows                   1      2      4      8      16     64     512
+    float32                0.537  0.462  0.560  0.738  0.983  2.388  14.66
+    bfloat16 (emulated)    0.379  0.635  0.929  1.413  2.396  8.507  64.53
+    bfloat16 in float32    0.480  0.589  0.611  0.782  1.076  2.186  16.17
+
+The emulated product wins only at one row, where it streams half the weight bytes.
 """
 
 from __future__ import annotations
@@ -127,18 +143,36 @@ class PackedLinear(nn.Linear):
 
     packed: torch.Tensor
     kind: PackKind
+    compute_dtype: torch.dtype
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, kind: PackKind, dtypes: frozenset[torch.dtype] | None = None
+        cls,
+        linear: nn.Linear,
+        kind: PackKind,
+        dtypes: frozenset[torch.dtype] | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> PackedLinear:
         """A packed layer sharing ``linear``'s weight and bias (tied weights stay tied).
-        ``dtypes``: :func:`packable_dtypes` of ``kind``, when the caller has it already."""
+        ``dtypes``: :func:`packable_dtypes` of ``kind``, when the caller has it already.
+        ``compute_dtype``: the dtype the product runs in, default the weight's; float32
+        for a bfloat16 weight packs an exact float32 copy of it and multiplies in float32
+        (:func:`pack_linears`' ``upcast_bf16``)."""
         available = onednn_packing_available() if kind == "onednn" else mkl_packing_available()
         if not available:
             raise ValueError(f"this torch build cannot pack weights with {kind}")
         dtypes = packable_dtypes(kind) if dtypes is None else dtypes
-        if linear.weight.device.type != "cpu" or linear.weight.dtype not in dtypes:
+        compute = linear.weight.dtype if compute_dtype is None else compute_dtype
+        if compute not in (linear.weight.dtype, torch.float32) or (
+            compute != linear.weight.dtype and linear.weight.dtype != torch.bfloat16
+        ):
+            raise ValueError(
+                f"a {linear.weight.dtype} weight computes in its own dtype or, if bfloat16, "
+                f"in float32; got {compute}"
+            )
+        if compute != linear.weight.dtype and kind != "onednn":
+            raise ValueError("only onednn packing multiplies a bfloat16 weight in float32")
+        if linear.weight.device.type != "cpu" or compute not in dtypes:
             names = " or ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
             raise ValueError(
                 f"{kind} packing needs {names} CPU weights here, got {linear.weight.dtype} "
@@ -150,8 +184,9 @@ class PackedLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.kind = kind
+        layer.compute_dtype = compute
         with torch.no_grad():
-            weight = linear.weight.detach()
+            weight = linear.weight.detach().to(compute)  # bf16 -> float32 is exact
             if kind == "onednn":
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, _ROWS_HINT)
             else:
@@ -163,31 +198,43 @@ class PackedLinear(nn.Linear):
         if torch.is_grad_enabled() and self.weight.requires_grad:
             return super().forward(x)  # the packed ops have no autograd formula
         rows = x.reshape(-1, self.in_features)
+        upcast = rows.dtype != self.compute_dtype
+        if upcast:
+            rows = rows.to(self.compute_dtype)
+        bias = None if self.bias is None else self.bias.to(self.compute_dtype)
         if self.kind == "onednn":
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, bias, "none", [], "")
         else:
-            out = torch.ops.mkl._mkl_linear(
-                rows, self.packed, self.weight, self.bias, rows.shape[0]
-            )
+            out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, bias, rows.shape[0])
+        if upcast:
+            out = out.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, packed={self.kind}"
+        compute = "" if self.compute_dtype == self.weight.dtype else f" in {self.compute_dtype}"
+        return f"{super().extra_repr()}, packed={self.kind}{compute}"
 
 
-def pack_linears(model: nn.Module, kind: PackKind) -> int:
+def pack_linears(model: nn.Module, kind: PackKind, upcast_bf16: bool = False) -> int:
     """Replace every CPU ``nn.Linear`` in ``model`` whose dtype ``kind`` can pack here
-    (:func:`packable_dtypes`) by a :class:`PackedLinear` (in place); the number replaced."""
+    (:func:`packable_dtypes`) by a :class:`PackedLinear` (in place); the number replaced.
+
+    ``upcast_bf16``: bfloat16 layers multiply in float32 against a packed float32 copy
+    of their weight, inputs widened and outputs rounded back to bfloat16 -- for a CPU
+    without bf16 instructions, where oneDNN emulates a bf16 product (each bf16 value
+    widened inside the kernel, products summed in float32: the same arithmetic, in
+    another order) 2-7x slower than its float32 one (module docstring)."""
     dtypes = packable_dtypes(kind)
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if (
-                type(child) is nn.Linear
-                and child.weight.dtype in dtypes
-                and child.weight.device.type == "cpu"
-            ):
-                setattr(parent, name, PackedLinear.from_linear(child, kind, dtypes))
+            if type(child) is not nn.Linear or child.weight.device.type != "cpu":
+                continue
+            compute = child.weight.dtype
+            if upcast_bf16 and compute == torch.bfloat16 and kind == "onednn":
+                compute = torch.float32
+            if compute in dtypes:
+                setattr(parent, name, PackedLinear.from_linear(child, kind, dtypes, compute))
                 replaced += 1
     return replaced
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
+from engine.dtype_choice import native_bf16
 from engine.factory import load_model
 from engine.model.packed_linear import (
     PackedLinear,
@@ -128,6 +129,49 @@ def test_onednn_bfloat16_packing_equals_f_linear_bit_for_bit() -> None:
             assert torch.equal(packed(x[:rows]), linear(x[:rows])), rows
 
 
+def test_bfloat16_weight_multiplied_in_float32_is_the_exact_float32_product_rounded() -> None:
+    """``compute_dtype=float32``: the bf16 weight widened exactly, each row's product the
+    packed float32 one (batch-invariant, like it), rounded to bfloat16 once."""
+    if not onednn_packing_available():
+        pytest.skip("torch built without oneDNN")
+    linear = _linear(576, 1536, True, 10).to(torch.bfloat16)
+    upcast = PackedLinear.from_linear(linear, "onednn", compute_dtype=torch.float32)
+    wide = nn.Linear(576, 1536)
+    with torch.no_grad():
+        wide.weight.copy_(linear.weight.float())
+        wide.bias.copy_(linear.bias.float())
+    reference = PackedLinear.from_linear(wide, "onednn")
+    assert upcast.weight is linear.weight and upcast.packed.dtype == torch.float32
+    assert "packed=onednn in torch.float32" in repr(upcast)
+    x = torch.randn(300, 576, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    with torch.inference_mode():
+        full = upcast(x)
+        assert full.dtype == torch.bfloat16
+        assert torch.equal(full, reference(x.float()).to(torch.bfloat16))
+        for rows in (1, 7, 16, 64):
+            assert torch.equal(upcast(x[:rows]), full[:rows]), rows
+        # the same arithmetic as a bf16 product (exact products, float32 sums)
+        torch.testing.assert_close(full, linear(x), rtol=1.6e-2, atol=1e-1)
+
+
+def test_only_a_bfloat16_weight_on_onednn_computes_in_float32() -> None:
+    if not onednn_packing_available():
+        pytest.skip("torch built without oneDNN")
+    f32 = torch.float32
+    with pytest.raises(ValueError, match="computes in its own dtype"):
+        PackedLinear.from_linear(nn.Linear(8, 8), "onednn", compute_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="computes in its own dtype"):
+        PackedLinear.from_linear(nn.Linear(8, 8).to(torch.float16), "onednn", compute_dtype=f32)
+    if mkl_packing_available():
+        with pytest.raises(ValueError, match="only onednn"):
+            PackedLinear.from_linear(nn.Linear(8, 8).to(torch.bfloat16), "mkl", compute_dtype=f32)
+    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.Linear(8, 8))
+    assert pack_linears(model, "onednn", upcast_bf16=True) == 2
+    assert isinstance(model[0], PackedLinear) and isinstance(model[1], PackedLinear)
+    assert model[0].compute_dtype == f32 and model[0].weight.dtype == torch.bfloat16
+    assert model[1].compute_dtype == f32 and model[1].weight.dtype == f32
+
+
 def test_bf16_speedup_is_a_measured_ratio_and_bad_arguments_are_refused() -> None:
     """The timing itself is the machine's (never asserted); its shape is checked."""
     if not onednn_bf16_packing_works():
@@ -148,7 +192,27 @@ def test_cpu_engine_models_are_packed_with_tied_embeddings() -> None:
         model = load_model(EngineConfig.tiny(dtype=dtype)).model
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         packed = [isinstance(m, PackedLinear) and m.kind == kind for m in linears]
-        expected = getattr(torch, dtype) in packable_dtypes(kind)
+        compute = getattr(torch, dtype)
+        if compute == torch.bfloat16 and kind == "onednn" and not native_bf16("cpu"):
+            compute = torch.float32  # no bf16 instructions: bf16 weights multiply in float32
+        expected = compute in packable_dtypes(kind)
         assert linears and all(p == expected for p in packed), dtype
+        assert all(m.compute_dtype == compute for m in linears if isinstance(m, PackedLinear))
         if model.config.tie_word_embeddings:
             assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_a_bf16_engine_multiplies_in_float32_only_without_bf16_instructions(
+    monkeypatch: pytest.MonkeyPatch, has_bf16: bool
+) -> None:
+    if not onednn_bf16_packing_works():
+        pytest.skip("oneDNN cannot pack bfloat16 weights on this CPU")
+    import engine.factory
+
+    monkeypatch.setattr(engine.factory, "native_bf16", lambda device: has_bf16)
+    model = load_model(EngineConfig.tiny(dtype="bfloat16")).model
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    compute = torch.bfloat16 if has_bf16 else torch.float32
+    assert linears and all(m.compute_dtype == compute for m in linears)
+    assert all(m.weight.dtype == torch.bfloat16 for m in linears)
