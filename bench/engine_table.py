@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,12 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _label(peer: str) -> str:
+    """A bar's tick label: the peer's name wrapped to lines of ~14 characters, so that
+    six or more bars' labels do not run into each other."""
+    return textwrap.fill(peer, 14)
+
+
 def chart(result: dict[str, Any], png: Path) -> None:
     """Bars: output tokens/s per peer (the linear bound as a line) and TTFT p50/p99."""
     import matplotlib
@@ -93,7 +100,7 @@ def chart(result: dict[str, Any], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     data = rows(result)
-    labels = [r["peer"].replace(" (", "\n(") for r in data]
+    labels = [_label(r["peer"]) for r in data]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     ax1.bar(labels, [r["output_tokens_per_s"] for r in data], color="tab:blue")
     bound = (result.get("linear_bound") or {}).get("output_tokens_per_s_bound")
@@ -106,12 +113,13 @@ def chart(result: dict[str, Any], png: Path) -> None:
     xs = range(len(timed))
     ax2.bar([x - 0.2 for x in xs], [r["ttft_p50_s"] for r in timed], 0.4, label="p50")
     ax2.bar([x + 0.2 for x in xs], [r["ttft_p99_s"] for r in timed], 0.4, label="p99")
-    ax2.set_xticks(list(xs), [r["peer"].replace(" (", "\n(") for r in timed])
+    ax2.set_xticks(list(xs), [_label(r["peer"]) for r in timed])
     ax2.set_ylabel("TTFT, s")
     ax2.set_title("time to first token")
     ax2.legend()
     cpu = result.get("cpu", {})
-    fig.suptitle(f"{cpu.get('model_name', '?')}, AMX {'yes' if cpu.get('amx') else 'no'}, "
+    isa = ", ".join(cpu.get("isa") or []) or "?"
+    fig.suptitle(f"{cpu.get('model_name', '?')} ({isa}), AMX {'yes' if cpu.get('amx') else 'no'}, "
                  f"{result.get('dtype')}")  # fmt: skip
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", labelsize=8)
