@@ -17,7 +17,7 @@ bench/engine_throughput.py --dtypes and torch matmuls at the model's shapes:
   packed bf16 weights (packed bf16 was not measured there);
 * an AVX2-only CPU: oneDNN emulates bf16, matmuls 5-30x slower than float32;
 * an Emerald Rapids VM whose CPUID hides both AMX and ``avx512_bf16``: oneDNN packs
-  bf16 weights but emulates the product, 3.5-4x slower than float32 at 8-512 rows.
+  bf16 weights but emulates the product, 1.9-4.4x slower than float32 at 8-512 rows.
   There an explicit ``bfloat16`` keeps bf16 weights, KV cache and activations and
   multiplies its linears in float32 (:func:`engine.model.packed_linear.pack_linears`'
   ``upcast_bf16``): the engine's bf16 throughput then matches float32's (184 vs 181
