@@ -81,7 +81,12 @@ def _listed_dtype(port: int, timeout_s: float) -> str | None:
 SHARED_CACHES = ("kernels", "weights")
 
 
-def _fresh_cache_home(cache_home: Path, shared: Path) -> None:
+def machine_cache() -> Path:
+    """The machine's own cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def fresh_cache_home(cache_home: Path, shared: Path) -> None:
     """``cache_home/kvtoll`` with the shared build and weight caches linked in."""
     (cache_home / "kvtoll").mkdir(parents=True, exist_ok=True)
     for name in SHARED_CACHES:
@@ -123,10 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="kvtoll-dtype-") as tmp:
         root = Path(tmp)
-        shared = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        shared = machine_cache()
         for i in range(args.trials):
             cache_home = root / ("cache" if args.keep_probe else f"cache{i}")
-            _fresh_cache_home(cache_home, shared)
+            fresh_cache_home(cache_home, shared)
             workdir = root / f"trial{i}"
             workdir.mkdir()
             results.append(trial(args.model, cache_home, workdir, args.timeout))
