@@ -380,13 +380,26 @@ def test_rows_planned_with_scratch_or_without_serve_their_kernel() -> None:
 
 
 def test_library_is_built_once_per_source_and_machine(tmp_path: Path) -> None:
-    """A second build finds the first one's file; the name carries the source's hash."""
-    first = native_build.build(tmp_path)
+    """A second build finds the first one's file; the name carries the source's hash.
+    On a one-function source with the real flags: compiling the kernels themselves into
+    a fresh directory cost the suite ~28 s, and every test that loads them builds them."""
+    if native_build.unavailable_reason() is not None:
+        pytest.skip(native_build.unavailable_reason() or "")
+    source = tmp_path / "src" / "cpu_attention.cpp"
+    source.parent.mkdir()
+    source.write_text('extern "C" int kvt_probe() { return 1; }\n')
+    cache = tmp_path / "cache"
+    first = native_build.build(cache, source)
     stamp = first.stat().st_mtime_ns
-    assert native_build.build(tmp_path) == first
+    assert native_build.build(cache, source) == first
     assert first.stat().st_mtime_ns == stamp
     assert first.name.startswith("cpu_attention-") and first.suffix == ".so"
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+    assert [p.name for p in cache.iterdir()] == [first.name]  # no temporary left behind
+    source.write_text('extern "C" int kvt_probe() { return 2; }\n')
+    second = native_build.build(cache, source)  # another source: another file
+    assert second != first and sorted(p.name for p in cache.iterdir()) == sorted(
+        [first.name, second.name]
+    )
 
 
 def test_a_failed_build_says_what_the_compiler_said(
