@@ -163,9 +163,8 @@ class PackedLinear(nn.Linear):
             raise ValueError(f"this torch build cannot pack weights with {kind}")
         dtypes = packable_dtypes(kind) if dtypes is None else dtypes
         compute = linear.weight.dtype if compute_dtype is None else compute_dtype
-        if compute not in (linear.weight.dtype, torch.float32) or (
-            compute != linear.weight.dtype and linear.weight.dtype != torch.bfloat16
-        ):
+        widened = (compute, linear.weight.dtype) == (torch.float32, torch.bfloat16)
+        if compute != linear.weight.dtype and not widened:
             raise ValueError(
                 f"a {linear.weight.dtype} weight computes in its own dtype or, if bfloat16, "
                 f"in float32; got {compute}"

@@ -383,8 +383,8 @@ def test_library_is_built_once_per_source_and_machine(tmp_path: Path) -> None:
     """A second build finds the first one's file; the name carries the source's hash.
     On a one-function source with the real flags: compiling the kernels themselves into
     a fresh directory cost the suite ~28 s, and every test that loads them builds them."""
-    if native_build.unavailable_reason() is not None:
-        pytest.skip(native_build.unavailable_reason() or "")
+    if (reason := native_build.unavailable_reason()) is not None:
+        pytest.skip(reason)
     source = tmp_path / "src" / "cpu_attention.cpp"
     source.parent.mkdir()
     source.write_text('extern "C" int kvt_probe() { return 1; }\n')
