@@ -9,8 +9,10 @@ SmolLM2-135M's attention shape (9 query heads over 3 KV heads, head_dim 64), blo
 16 tokens scattered over the pool. Decode: 64 rows with the engine bench's context
 lengths (32-512 prompt + 0-144 generated), over 30 layers' caches each (as a decode
 step reads them: from memory, not cache), native vs numba (scores, softmax, weighted
-sum). Prefill: one chunk per shape (query rows after cached tokens; the queries hold
-values of the model's dtype, as a model's do), native vs the torch backend's path
+sum), and in bfloat16, where the CPU has AVX512-BF16, the native kernel with bfloat16
+dot products (its default) vs float32 products only (the queries hold values of the
+model's dtype, as a model's do). Prefill: one chunk per shape (query rows after cached
+tokens; the queries as in decode), native vs the torch backend's path
 (gather the context's blocks, then ``scaled_dot_product_attention`` with GQA and a
 causal or shifted mask), and in bfloat16, where the CPU has AVX512-BF16, the native
 kernel with bfloat16 dot products (its default) vs float32 products only. Best of
@@ -82,7 +84,7 @@ def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
     caches = [(torch.randn((pool, BLOCK, HKV, D), generator=gen).to(dtype),
                torch.randn((pool, BLOCK, HKV, D), generator=gen).to(dtype))
               for _ in range(LAYERS)]  # fmt: skip
-    q = torch.randn((len(lens), H, D), generator=gen)
+    q = torch.randn((len(lens), H, D), generator=gen).to(dtype).float()  # a model's queries
     out = torch.empty_like(q)
     rows_idx = torch.arange(len(lens))
     plan = plan_decode_rows(len(lens), H, pool, BLOCK, tables, seq_lens, rows_idx, rows_idx)
@@ -99,7 +101,14 @@ def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
         for k, v in caches:
             native_decode_rows(native, bare, q, k, v, D**-0.5, out)
 
-    best = best_of({"native": run_native, "numba": run_numba}, runs)
+    def run_native_f32() -> None:
+        for k, v in caches:
+            native_decode_rows(native, bare, q, k, v, D**-0.5, out, bf16_products=False)
+
+    fns: dict[str, Callable[[], object]] = {"native": run_native, "numba": run_numba}
+    if dtype == torch.bfloat16 and native.bf16_products:  # the native float32-products path
+        fns["native_f32_products"] = run_native_f32
+    best = best_of(fns, runs)
     flops = 4 * D * H * sum(lens) * LAYERS
     kv_bytes = 2 * sum(lens) * HKV * D * dtype.itemsize * LAYERS
     return {
@@ -108,6 +117,8 @@ def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
         **{f"{name}_gflop_per_s": round(flops / t / 1e9, 1) for name, t in best.items()},
         **{f"{name}_kv_gb_per_s": round(kv_bytes / t / 1e9, 1) for name, t in best.items()},
         "native_speedup": round(best["numba"] / best["native"], 2),
+        **({"bf16_products_speedup": round(best["native_f32_products"] / best["native"], 2)}
+           if "native_f32_products" in best else {}),
     }  # fmt: skip
 
 

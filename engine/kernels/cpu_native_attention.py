@@ -179,10 +179,16 @@ def native_decode_rows(
     scale: float,
     out: torch.Tensor,
     num_threads: int | None = None,
+    bf16_products: bool = True,
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
     checked there) of ``q`` into the same rows of ``out`` (float32 or bfloat16 each, read
-    and written in place: :func:`check_io`)."""
+    and written in place: :func:`check_io`).
+
+    ``bf16_products``: over a bfloat16 cache, a row whose query holds bfloat16 values runs
+    on AVX512-BF16 dot products where the library has them, as :func:`native_extend`'s
+    items do (products exact, sums in float32, probabilities rounded to bfloat16 for
+    P.V); False: float32 products only."""
     check_io(q, out)
     check_planned(rows, q, k_cache, v_cache, out, native=True)
     head_dim, group = _check_layout(q, k_cache)
@@ -194,7 +200,7 @@ def native_decode_rows(
         head_dim, group, *_io(q), _ptr(k), _ptr(v), _ptr(tables), tables.shape[1],
         _ptr(rows.seq_lens), _ptr(rows.q_rows), _ptr(rows.seq_ids), rows.num_rows,
         k_cache.shape[1], k_cache.shape[2], float(scale), *_io(out),
-        openmp_threads(num_threads),
+        openmp_threads(num_threads), int(bf16_products),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native decode kernel refused its arguments")

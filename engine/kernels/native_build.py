@@ -86,7 +86,7 @@ class NativeLibrary:
     extend_bf16: Callable[..., int]
     decode_int8: Callable[..., int]
     extend_int8: Callable[..., int]
-    bf16_products: bool  # built with the bfloat16 dot-product extend (AVX512-BF16)
+    bf16_products: bool  # built with the bfloat16 dot-product paths (AVX512-BF16)
 
 
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
@@ -136,9 +136,10 @@ def _entry(lib: ctypes.CDLL, name: str, extend: bool) -> Any:
         fn.argtypes = [i32, i32, ptr, i64, i32, i32, ptr, ptr, ptr, i32, i32, i32, f32, ptr,
                        i64, i32, i32, i32, i32]  # fmt: skip
     else:  # head_dim, group, q, q_stride, q_bf16, k, v, tables, table_stride, seq_lens,
-        # q_rows, seq_ids, rows, block_size, hkv, scale, out, out_stride, out_bf16, threads
+        # q_rows, seq_ids, rows, block_size, hkv, scale, out, out_stride, out_bf16, threads,
+        # products
         fn.argtypes = [i32, i32, ptr, i64, i32, ptr, ptr, ptr, i64, ptr, ptr, ptr, i32, i32,
-                       i32, f32, ptr, i64, i32, i32]  # fmt: skip
+                       i32, f32, ptr, i64, i32, i32, i32]  # fmt: skip
     fn.restype = i32
     return fn
 

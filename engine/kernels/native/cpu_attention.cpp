@@ -19,8 +19,9 @@
 // loaded serves them all (decode: the G heads of a KV head; extend: 2-4 rows); exp is
 // a degree-7 polynomial with scalef; the arithmetic is float32 (a bfloat16 is the top
 // half of a float32, so widening is exact). One exception, asked for per launch
-// (``products``): on CPUs with AVX512-BF16, extend over a bfloat16 cache with bfloat16
-// queries runs on bfloat16 dot products instead (extend_item_bf16).
+// (``products``): on CPUs with AVX512-BF16, extend and decode over a bfloat16 cache with
+// bfloat16 queries run on bfloat16 dot products instead (extend_item_bf16,
+// decode_row_bf16); the engine races both ways at start-up (engine/attention/cpu_backend.py).
 
 #include <immintrin.h>
 #include <math.h>
@@ -190,26 +191,19 @@ struct RowState {
     }
 };
 
-// The scores of R query rows (C vectors each, scaled) against a tile of 16 widened keys,
-// each row's 16 as one vector (lane i: key i). The tree (pairs of vectors interleaved
-// and added: 32-bit, 64-bit, then 128-bit lanes twice) is folded in as the partial sums
-// come, so few stay live, and every key row loaded serves all R query rows.
-template <int C, int R, typename Keys>
-inline void tile_scores(const __m512* const* q, Keys key, __m512* scores) {
+// The transposing tree of a tile's scores: ``pair(j, pa, pb)`` gives, for each of R query
+// rows, the vectors of partial sums of its products with keys 2j and 2j + 1 (a key's
+// score is the sum of its vector's 16 lanes); ``scores`` gets each row's 16 sums as one
+// vector (lane i: key i). The tree (pairs of vectors interleaved and added: 32-bit, 64-bit,
+// then 128-bit lanes twice) is folded in as the partial sums come, so few stay live.
+template <int R, typename Pair>
+inline void tile_tree(Pair pair, __m512* scores) {
     __m512 x[R][4], held[R];
     for (int j = 0; j < 8; j++) {
-        __m512 ka[C], kb[C];
-        for (int c = 0; c < C; c++) {
-            ka[c] = key(2 * j, c);  // vector c of key 2j of the tile, float32
-            kb[c] = key(2 * j + 1, c);
-        }
+        __m512 pa[R], pb[R];
+        pair(j, pa, pb);
         for (int r = 0; r < R; r++) {
-            __m512 pa = _mm512_mul_ps(q[r][0], ka[0]), pb = _mm512_mul_ps(q[r][0], kb[0]);
-            for (int c = 1; c < C; c++) {
-                pa = _mm512_fmadd_ps(q[r][c], ka[c], pa);
-                pb = _mm512_fmadd_ps(q[r][c], kb[c], pb);
-            }
-            __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(pa, pb), _mm512_unpackhi_ps(pa, pb));
+            __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(pa[r], pb[r]), _mm512_unpackhi_ps(pa[r], pb[r]));
             if (j & 1) {
                 __m512d a = _mm512_castps_pd(held[r]), b = _mm512_castps_pd(w);
                 x[r][j >> 1] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
@@ -227,6 +221,29 @@ inline void tile_scores(const __m512* const* q, Keys key, __m512* scores) {
         scores[r] = _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, 0x88),
                                   _mm512_shuffle_f32x4(y0, y1, 0xDD));
     }
+}
+
+// The scores of R query rows (C vectors each, scaled) against a tile of 16 widened keys
+// (tile_tree): every key row loaded serves all R query rows.
+template <int C, int R, typename Keys>
+inline void tile_scores(const __m512* const* q, Keys key, __m512* scores) {
+    tile_tree<R>(
+        [&](int j, __m512* pa, __m512* pb) {
+            __m512 ka[C], kb[C];
+            for (int c = 0; c < C; c++) {
+                ka[c] = key(2 * j, c);  // vector c of key 2j of the tile, float32
+                kb[c] = key(2 * j + 1, c);
+            }
+            for (int r = 0; r < R; r++) {
+                pa[r] = _mm512_mul_ps(q[r][0], ka[0]);
+                pb[r] = _mm512_mul_ps(q[r][0], kb[0]);
+                for (int c = 1; c < C; c++) {
+                    pa[r] = _mm512_fmadd_ps(q[r][c], ka[c], pa[r]);
+                    pb[r] = _mm512_fmadd_ps(q[r][c], kb[c], pb[r]);
+                }
+            }
+        },
+        scores);
 }
 
 // Decode: one query row (all H heads) over its sequence's ``length`` tokens. Per tile,
@@ -471,6 +488,128 @@ void extend_item_bf16(const Io& io, const uint16_t* k_cache, const uint16_t* v_c
         }
     }
 }
+
+// 32 query values of token t from element i of its row as bfloat16 (exact only where they
+// are bfloat16 values: bf16_rows).
+inline __m512bh load_bf16x32(const Io& io, int64_t t, int64_t i) {
+    if (io.q_bf16)
+        return (__m512bh)_mm512_loadu_si512(static_cast<const uint16_t*>(io.q) + t * io.q_stride + i);
+    return _mm512_cvtne2ps_pbh(io.load(t, i + 16), io.load(t, i));
+}
+
+// Decode over a bfloat16 cache with a bfloat16 query row (decode_row's contract) on
+// AVX512-BF16 dot products, the AMD counterpart of extend_item_bf16: on Zen 4 a vdpbf16ps
+// does twice the multiply-adds of an FMA at the same rate and reads the cache's bfloat16
+// values as they are (the float32 path widens every K and V value first):
+//   - Q.K: a key's partial sums against each query head are a chain of D/32 dot products
+//     of 32-value slices (no widening), then tile_tree as in the float32 path; the scale
+//     multiplies the scores (the float32 path scales q).
+//   - P.V: V in pairs of tokens, interleaved by unpacklo/hi_epi16 (the instruction's
+//     layout) against the pair's probabilities rounded to bfloat16 (as torch's bfloat16
+//     flash attention rounds them); the unpack leaves dims in an order the store undoes.
+// The running max, the normaliser and the sums stay float32. SmolLM2's shape, 64 rows over
+// 24,723 context tokens x 30 layers, 2 threads of a Zen 4 EPYC, against decode_row in the
+// same run: from DRAM (bench/cpu_attention.py) 30.3 vs 33.1 ms (1.09x: the loop is mostly
+// waiting on memory, 18.8 GB/s of ~35); one layer's caches 30 times (L3-resident) 12.7 vs
+// 17.9 ms (1.41x). Largest difference from the float32 path on random normal q/k/v: 2e-3.
+template <int D, int G>
+void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uint16_t* v_cache,
+                     const int32_t* table, int length, int block_size, int num_kv_heads,
+                     float scale) {
+    constexpr int C = D / 16, W = D / 32;
+    static_assert(W >= 1, "decode_row_bf16 needs whole 32-value slices");
+    const int64_t token = int64_t(num_kv_heads) * D;
+    const Paged pg{token, int64_t(block_size) * token, table, block_size};
+    constexpr int head_lines = (D * 2 + 63) / 64;
+    RowState<C>* state = static_cast<RowState<C>*>(
+        __builtin_alloca(sizeof(RowState<C>) * num_kv_heads * G + 64));
+    state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
+    for (int i = 0; i < num_kv_heads * G; i++) new (&state[i]) RowState<C>();
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int t0 = 0; t0 < length; t0 += TILE) {
+        const int n = length - t0 < TILE ? length - t0 : TILE;
+        const __mmask16 valid = __mmask16((1u << n) - 1);
+        const int ahead = t0 + TILE * PREFETCH_TILES;
+        const int pm = ahead < length ? (length - ahead < TILE ? length - ahead : TILE) : 0;
+        int64_t next[TILE];
+        if (pm) pg.tile(ahead, pm, next);
+        int64_t base[TILE];
+        pg.tile(t0, n, base);
+        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
+            __m512bh qv[G][W];
+            for (int g = 0; g < G; g++)
+                for (int w = 0; w < W; w++) qv[g][w] = load_bf16x32(io, t, (kvh * G + g) * D + 32 * w);
+            for (int i = 0; i < pm; i++)  // the next tiles' rows of this head, into L2
+                for (int l = 0; l < head_lines; l++) {
+                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
+                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
+                }
+            const uint16_t* keys = k_cache + kvh * D;
+            __m512 s[G];
+            tile_tree<G>(
+                [&](int j, __m512* pa, __m512* pb) {
+                    __m512bh ka[W], kb[W];
+                    for (int w = 0; w < W; w++) {
+                        ka[w] = (__m512bh)_mm512_loadu_si512(keys + base[2 * j] + 32 * w);
+                        kb[w] = (__m512bh)_mm512_loadu_si512(keys + base[2 * j + 1] + 32 * w);
+                    }
+                    for (int g = 0; g < G; g++) {
+                        pa[g] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[g][0], ka[0]);
+                        pb[g] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[g][0], kb[0]);
+                        for (int w = 1; w < W; w++) {
+                            pa[g] = _mm512_dpbf16_ps(pa[g], qv[g][w], ka[w]);
+                            pb[g] = _mm512_dpbf16_ps(pb[g], qv[g][w], kb[w]);
+                        }
+                    }
+                },
+                s);
+            alignas(64) float p[G][TILE];
+            alignas(64) uint32_t pp[G][TILE / 2];  // the probabilities as bfloat16 pairs
+            RowState<C>* st = state + kvh * G;
+            for (int g = 0; g < G; g++) {
+                st[g].scores(_mm512_mul_ps(s[g], vscale), valid, p[g]);
+                _mm256_store_si256(reinterpret_cast<__m256i*>(pp[g]),
+                                   (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(p[g])));
+            }
+            __m512 acc[G][C];  // vector 2w: the low halves of slice w's unpacked pairs, 2w + 1: the high
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < C; c++) acc[g][c] = st[g].acc[c];
+            for (int j = 0; 2 * j < n; j++) {
+                const uint16_t* va = v_cache + base[2 * j] + kvh * D;
+                const uint16_t* vb = v_cache + base[2 * j + 1] + kvh * D;
+                const bool odd = 2 * j + 1 == n;  // the tile's last token has no partner
+                __m512bh lo[W], hi[W];
+                for (int w = 0; w < W; w++) {
+                    const __m512i a = _mm512_loadu_si512(va + 32 * w);
+                    const __m512i b = odd ? _mm512_setzero_si512() : _mm512_loadu_si512(vb + 32 * w);
+                    lo[w] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                    hi[w] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+                }
+                for (int g = 0; g < G; g++) {
+                    const __m512bh pw = (__m512bh)_mm512_set1_epi32(int(pp[g][j]));
+                    for (int w = 0; w < W; w++) {
+                        acc[g][2 * w] = _mm512_dpbf16_ps(acc[g][2 * w], pw, lo[w]);
+                        acc[g][2 * w + 1] = _mm512_dpbf16_ps(acc[g][2 * w + 1], pw, hi[w]);
+                    }
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < C; c++) st[g].acc[c] = acc[g][c];
+        }
+    }
+    // Undo the unpack's order: in 128-bit lane L, vector 2w holds dims 32w + 8L .. + 3 and
+    // vector 2w + 1 dims 32w + 8L + 4 .. + 7.
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int h = 0; h < num_kv_heads * G; h++) {
+        for (int w = 0; w < W; w++) {
+            const __m512 a = state[h].acc[2 * w], b = state[h].acc[2 * w + 1];
+            state[h].acc[2 * w] = _mm512_permutex2var_ps(a, first, b);
+            state[h].acc[2 * w + 1] = _mm512_permutex2var_ps(a, second, b);
+        }
+        state[h].store(io, t, h * D);
+    }
+}
 #endif
 
 // Extend: query rows [a, b) of one sequence's chunk, for the G heads of KV head ``kvh``;
@@ -561,7 +700,21 @@ void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t
 
 template <typename T, int D>
 int decode_d(int group, const Io& io, int64_t t, const T* k, const T* v, const int32_t* table,
-             int length, int block_size, int num_kv_heads, float scale) {
+             int length, int block_size, int num_kv_heads, float scale, bool products) {
+#ifdef __AVX512BF16__
+    if constexpr (std::is_same_v<T, uint16_t> && D % 32 == 0) {
+        if (products && bf16_rows(io, int(t), int(t) + 1, 0, num_kv_heads * group, D)) {
+            switch (group) {
+#define KVT_G(g) case g: decode_row_bf16<D, g>(io, t, k, v, table, length, block_size, num_kv_heads, scale); return 0;
+                KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
+#undef KVT_G
+            }
+            return 1;
+        }
+    }
+#else
+    (void)products;
+#endif
     switch (group) {
 #define KVT_G(g) case g: decode_row<D, g, T>(io, t, k, v, table, length, block_size, num_kv_heads, scale); return 0;
         KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
@@ -572,12 +725,13 @@ int decode_d(int group, const Io& io, int64_t t, const T* k, const T* v, const i
 
 template <typename T>
 int decode_any(int head_dim, int group, const Io& io, int64_t t, const T* k, const T* v,
-               const int32_t* table, int length, int block_size, int num_kv_heads, float scale) {
+               const int32_t* table, int length, int block_size, int num_kv_heads, float scale,
+               bool products) {
     switch (head_dim) {
-        case 16: return decode_d<T, 16>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
-        case 32: return decode_d<T, 32>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
-        case 64: return decode_d<T, 64>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
-        case 128: return decode_d<T, 128>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale);
+        case 16: return decode_d<T, 16>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale, products);
+        case 32: return decode_d<T, 32>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale, products);
+        case 64: return decode_d<T, 64>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale, products);
+        case 128: return decode_d<T, 128>(group, io, t, k, v, table, length, block_size, num_kv_heads, scale, products);
     }
     return 1;
 }
@@ -606,13 +760,13 @@ template <typename T>
 int decode_rows(int head_dim, int group, const Io& io, const T* k, const T* v,
                 const int32_t* tables, int64_t table_stride, const int32_t* seq_lens,
                 const int64_t* q_rows, const int64_t* seq_ids, int rows, int block_size,
-                int num_kv_heads, float scale, int threads) {
+                int num_kv_heads, float scale, int threads, int products) {
     int bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(+ : bad)
     for (int r = 0; r < rows; r++) {
         const int64_t s = seq_ids[r];
         bad += decode_any<T>(head_dim, group, io, q_rows[r], k, v, tables + s * table_stride,
-                             seq_lens[s], block_size, num_kv_heads, scale);
+                             seq_lens[s], block_size, num_kv_heads, scale, products != 0);
     }
     return bad;
 }
@@ -648,10 +802,11 @@ extern "C" {
                                  int64_t table_stride, const int32_t* seq_lens,                 \
                                  const int64_t* q_rows, const int64_t* seq_ids, int rows,       \
                                  int block_size, int num_kv_heads, float scale, void* out,      \
-                                 int64_t out_stride, int out_bf16, int threads) {               \
+                                 int64_t out_stride, int out_bf16, int threads, int products) { \
         const Io io{q, q_stride, q_bf16 != 0, out, out_stride, out_bf16 != 0};                  \
         return decode_rows<T>(head_dim, group, io, k, v, tables, table_stride, seq_lens,        \
-                              q_rows, seq_ids, rows, block_size, num_kv_heads, scale, threads); \
+                              q_rows, seq_ids, rows, block_size, num_kv_heads, scale, threads,  \
+                              products);                                                        \
     }                                                                                           \
     int kvt_extend_items_##suffix(int head_dim, int group, const void* q, int64_t q_stride,     \
                                   int q_bf16, int q_len, const T* k, const T* v,                \

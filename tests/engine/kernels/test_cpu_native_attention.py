@@ -214,6 +214,57 @@ def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) ->
     assert torch.equal(float_q, _extend_each(native, batch, k, v, None, bf16_products=False))
 
 
+def _decode_bf16(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
+                 bf16_products: bool) -> torch.Tensor:  # fmt: skip
+    n = batch.q.shape[0]
+    rows = plan_decode_rows(n, batch.q.shape[1], k.shape[0], k.shape[1], batch.block_tables,
+                            batch.seq_lens, torch.arange(n), torch.arange(n),
+                            scratch=False)  # fmt: skip
+    out = torch.full_like(batch.q, float("nan"))
+    native_decode_rows(native, rows, batch.q, k, v, batch.q.shape[2] ** -0.5, out,
+                       bf16_products=bf16_products)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", DECODE_CASES)
+def test_bf16_decode_rows_over_a_bf16_cache_match_reference(
+    native: NativeKernels,
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """A bfloat16 model's decode rows: on bfloat16 dot products where the CPU has them
+    (head_dim a multiple of 32; odd tiles pair their last key with nothing), within
+    their rounding of P; on float32 products when asked, within float32 tolerances."""
+    batch = _bf16_queries(build_paged_batch(
+        [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+        torch.float32, "cpu", seed=9,
+    ))  # fmt: skip
+    k, v, k_ref, v_ref = _caches(batch, torch.bfloat16)
+    ref = reference_paged_decode(batch.q, k_ref, v_ref, batch.block_tables,
+                                 batch.seq_lens, head_dim**-0.5)  # fmt: skip
+    fast = _decode_bf16(native, batch, k, v, bf16_products=True)
+    exact = _decode_bf16(native, batch, k, v, bf16_products=False)
+    torch.testing.assert_close(fast, ref, **BF16_PRODUCTS)
+    torch.testing.assert_close(exact, ref, **TOLERANCES[torch.float32])
+
+
+def test_bf16_decode_products_are_taken_only_for_bf16_queries(native: NativeKernels) -> None:
+    """As for prefill: a bfloat16 model's decode rows take the dot-product path where the
+    library has it (P rounded: not the float32 path's values) and a head_dim it covers;
+    float32 queries keep the float32 path bit for bit."""
+    batch = build_paged_batch([1, 1], [300, 77], 9, 3, 64, 16, torch.float32, "cpu", seed=10)
+    k, v, _, _ = _caches(batch, torch.bfloat16)
+    rounded = _bf16_queries(batch)
+    fast = _decode_bf16(native, rounded, k, v, bf16_products=True)
+    exact = _decode_bf16(native, rounded, k, v, bf16_products=False)
+    assert torch.equal(fast, exact) is not native.bf16_products
+    float_q = _decode_bf16(native, batch, k, v, bf16_products=True)
+    assert torch.equal(float_q, _decode_bf16(native, batch, k, v, bf16_products=False))
+
+
 def _in_a_wider_row(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``q`` [T, H, D] in ``dtype`` as the model hands it over: the first H x D columns of
     a wider row (the stacked q/k/v projection), so its token rows are not adjacent."""
@@ -457,7 +508,8 @@ def test_any_chunks_match_reference(
                             torch.arange(len(chunks)), scratch=False)  # fmt: skip
     out = torch.zeros_like(batch.q)
     native_decode_rows(native, plan, batch.q, k, v, scale, out)
-    torch.testing.assert_close(out[rows], ref[rows], **TOLERANCES[torch.float32])
+    torch.testing.assert_close(out[rows], ref[rows], **(BF16_PRODUCTS if products else
+                                                        TOLERANCES[torch.float32]))  # fmt: skip
 
 
 @given(q_len=st.integers(1, 600), num_kv_heads=st.integers(1, 8), threads=st.integers(1, 8))
