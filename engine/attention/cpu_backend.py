@@ -9,7 +9,10 @@ are widened to float32 for the kernels and their outputs rounded back. int8 cach
 (:mod:`engine.kernels.kv_int8`) run in the native kernels alone, decode and prefill.
 Where torch wins the start-up race, short chunks may still run natively (a short new
 turn after a long cached conversation): the longest of :data:`SHORT_PREFILL_PROBES` that
-the native kernel also won, raced after :data:`SHORT_PROBE_CACHED` cached tokens.
+the native kernel also won, raced after :data:`SHORT_PROBE_CACHED` cached tokens. Over
+a bfloat16 cache, decode and prefill each run on the native kernels' bfloat16 dot
+products where the library has them and they won their own start-up race against
+float32 products (:data:`DECODE_PRODUCTS_PROBE`, :data:`PREFILL_PROBE`).
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +80,12 @@ PREFILL_TRIALS = 3
 # probes stop at 16; the long context is where native gains least).
 SHORT_PREFILL_PROBES = (4, 8, 16)
 SHORT_PROBE_CACHED = 1024
+# The start-up race, over a bfloat16 cache, between the native kernels' bfloat16
+# dot-product paths and their float32 products (AVX512-BF16 CPUs; which wins depends on
+# the core: on Zen 4 a vdpbf16ps does twice an FMA's multiply-adds, on an AMX Xeon's
+# AVX-512 units no more): decode, this many rows over this many tokens each; prefill,
+# PREFILL_PROBE. Best of PREFILL_TRIALS each, interleaved.
+DECODE_PRODUCTS_PROBE = (16, 384)
 NATIVE_DTYPES = (*CACHE_DTYPES, torch.int8)  # caches the native kernels read
 
 
@@ -113,6 +123,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._native_cache_dir = native_cache_dir
         self._native: NativeKernels | None = None  # set by prepare() when they run here
         self._native_prefill = False
+        # bfloat16 dot products in the native kernels (raced by prepare() where they exist)
+        self._decode_products = False
+        self._extend_products = False
         self._want_native_max_q = native_prefill_max_q
         self._native_max_q = 0  # set by prepare() (where prefill runs in torch)
         # This step's decode rows, planned (and checked) at the first layer and reused
@@ -138,6 +151,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def native_prefill(self) -> bool:
         """Whether prefill chunks run in the native kernel (decided by prepare())."""
         return self._native_prefill
+
+    @property
+    def bf16_products(self) -> tuple[bool, bool]:
+        """Whether decode and prefill over a bfloat16 cache run on the native kernels'
+        bfloat16 dot products (decided by prepare(): where the library has them and
+        they measured faster here than float32 products)."""
+        return self._decode_products, self._extend_products
 
     @property
     def native_prefill_max_q(self) -> int:
@@ -175,6 +195,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
             # its launcher too, before any request
             chunk = plan_extend(table[0], 1, 1, 1, block_size)
             native_extend(self._native, chunk, q, cache, cache.clone(), 1.0, torch.empty_like(q))
+        if k_cache.dtype == torch.bfloat16 and self._native.bf16_products:
+            self._decode_products = self._decode_products_win(num_heads, k_cache)
+            self._extend_products = self._extend_products_win(num_heads, k_cache)
         if int8:  # torch has no int8 attention path here
             self._native_prefill = True
         elif self._want_native_prefill is None:
@@ -183,9 +206,73 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self._native_prefill = self._want_native_prefill
         if not self._native_prefill:
             self._native_max_q = self._short_native_limit(num_heads, k_cache)
-        log.info("cpu attention: native decode kernels; prefill in %s",
+        log.info("cpu attention: native decode kernels; prefill in %s; bfloat16 dot "
+                 "products: decode %s, prefill %s",
                  "the native kernel" if self._native_prefill else
-                 f"torch (chunks of up to {self._native_max_q} queries natively)")  # fmt: skip
+                 f"torch (chunks of up to {self._native_max_q} queries natively)",
+                 self._decode_products, self._extend_products)  # fmt: skip
+
+    def _race(self, what: str, fns: dict[str, Callable[[], object]]) -> dict[str, float]:
+        """Interleaved best of PREFILL_TRIALS seconds per function (after a warm-up call
+        each), logged."""
+        best = dict.fromkeys(fns, float("inf"))
+        for trial in range(PREFILL_TRIALS + 1):  # the first of each warms up
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                if trial:
+                    best[name] = min(best[name], time.perf_counter() - start)
+        log.info("cpu attention: %s probe %s", what,
+                 ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in best.items()))  # fmt: skip
+        return best
+
+    def _decode_products_win(self, num_heads: int, k_cache: torch.Tensor) -> bool:
+        """Race decode over a bfloat16 cache on bfloat16 dot products against float32
+        products (DECODE_PRODUCTS_PROBE rows of the model's shape)."""
+        assert self._native is not None
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        rows, context = DECODE_PRODUCTS_PROBE
+        per_row = -(-context // block_size)
+        gen = torch.Generator().manual_seed(0)
+        kc, vc = (torch.randn((rows * per_row, block_size, num_kv_heads, head_dim),
+                              generator=gen).to(torch.bfloat16) for _ in range(2))  # fmt: skip
+        q = torch.randn((rows, num_heads, head_dim), generator=gen).to(torch.bfloat16)
+        out = torch.empty_like(q)
+        tables = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
+        index = torch.arange(rows, dtype=torch.int64)
+        plan = plan_decode_rows(rows, num_heads, rows * per_row, block_size, tables,
+                                torch.full((rows,), context, dtype=torch.int32), index, index,
+                                scratch=False)  # fmt: skip
+        native = self._native
+        best = self._race("decode bfloat16-products", {
+            "products": lambda: native_decode_rows(native, plan, q, kc, vc, 0.125, out),
+            "float32": lambda: native_decode_rows(native, plan, q, kc, vc, 0.125, out,
+                                                  bf16_products=False),
+        })  # fmt: skip
+        return best["products"] <= best["float32"]
+
+    def _extend_products_win(self, num_heads: int, k_cache: torch.Tensor) -> bool:
+        """Race prefill over a bfloat16 cache on bfloat16 dot products against float32
+        products (a PREFILL_PROBE chunk of the model's shape)."""
+        assert self._native is not None
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        q_len, cached = PREFILL_PROBE
+        seq_len = q_len + cached
+        blocks = -(-seq_len // block_size)
+        gen = torch.Generator().manual_seed(0)
+        kc, vc = (torch.randn((blocks, block_size, num_kv_heads, head_dim), generator=gen)
+                  .to(torch.bfloat16) for _ in range(2))  # fmt: skip
+        q = torch.randn((q_len, num_heads, head_dim), generator=gen).to(torch.bfloat16)
+        out = torch.empty_like(q)
+        chunk = plan_extend(torch.arange(blocks, dtype=torch.int32), seq_len, q_len, blocks,
+                            block_size)  # fmt: skip
+        native = self._native
+        best = self._race("prefill bfloat16-products", {
+            "products": lambda: native_extend(native, chunk, q, kc, vc, 0.125, out),
+            "float32": lambda: native_extend(native, chunk, q, kc, vc, 0.125, out,
+                                             bf16_products=False),
+        })  # fmt: skip
+        return best["products"] <= best["float32"]
 
     def _load_native(
         self, num_heads: int, num_kv_heads: int, head_dim: int, required: bool = False
@@ -246,16 +333,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._prefill = None  # a probe, not a step
         native_chunk = plan_extend(table, seq_len, q_len, blocks, block_size)
         qd, out = q.to(k_cache.dtype), torch.empty_like(q)
-        best = {"native": float("inf"), "torch": float("inf")}
-        for _ in range(PREFILL_TRIALS + 1):  # the first of each warms up
-            start = time.perf_counter()
-            native_extend(self._native, native_chunk, q, kc, vc, 0.125, out)
-            best["native"] = min(best["native"], time.perf_counter() - start)
-            start = time.perf_counter()
-            super()._prefill_one(qd, kc, vc, chunk, 0.125)
-            best["torch"] = min(best["torch"], time.perf_counter() - start)
-        log.info("cpu attention: prefill probe (%d queries after %d) native %.3f ms, torch %.3f ms",
-                 q_len, cached, best["native"] * 1e3, best["torch"] * 1e3)  # fmt: skip
+        native, products = self._native, self._extend_products
+        best = self._race(f"prefill ({q_len} queries after {cached})", {
+            "native": lambda: native_extend(native, native_chunk, q, kc, vc, 0.125, out,
+                                            bf16_products=products),
+            "torch": lambda: super(CpuAttentionBackend, self)._prefill_one(qd, kc, vc, chunk,
+                                                                           0.125),
+        })  # fmt: skip
         return best["native"] <= best["torch"]
 
     def _prefill_into(
@@ -273,7 +357,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return
         # q (a view into the step's q/k/v projection) read and out written in place
         native_extend(self._native, self._extend_plan(chunk, k_cache), q, k_cache, v_cache,
-                      scale, out)  # fmt: skip
+                      scale, out, bf16_products=self._extend_products)  # fmt: skip
 
     def _extend_plan(self, chunk: _PrefillChunk, k_cache: torch.Tensor) -> ExtendChunk:
         """The native plan of ``chunk``, made at the step's first layer (the torch
@@ -311,7 +395,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if not step.rows.num_rows:
             return
         if self._native is not None:  # q read and out written in place, either dtype
-            native_decode_rows(self._native, step.rows, q, k_cache, v_cache, scale, out)
+            native_decode_rows(self._native, step.rows, q, k_cache, v_cache, scale, out,
+                               bf16_products=self._decode_products)  # fmt: skip
             return
         if q.dtype == torch.float32:  # numba: float32 in place
             decode_rows_attention(step.rows, q.contiguous(), k_cache, v_cache, scale, out,

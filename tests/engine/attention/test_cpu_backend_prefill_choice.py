@@ -1,7 +1,8 @@
 """Where the CPU backend runs a prefill chunk: the native kernel for short chunks even
-where torch won the start-up race for longer ones (the race's timing stubbed where the
-choice it leads to is the subject; the outputs themselves are checked against dense
-attention in test_engine_torch_backend.py)."""
+where torch won the start-up race for longer ones; and whether decode and prefill over a
+bfloat16 cache run on bfloat16 dot products (the races' timing stubbed where the
+choice they lead to is the subject; the outputs themselves are checked against dense
+attention in test_engine_torch_backend.py and the kernels' own tests)."""
 
 from __future__ import annotations
 
@@ -100,9 +101,9 @@ def test_chunks_up_to_the_limit_run_natively_the_rest_in_torch(
     calls: list[int] = []
     real = cpu_backend.native_extend
 
-    def spied(native: object, plan: object, q: torch.Tensor, *rest: object) -> None:
+    def spied(native: object, plan: object, q: torch.Tensor, *rest: object, **kw: bool) -> None:
         calls.append(q.shape[0])
-        real(native, plan, q, *rest)  # type: ignore[arg-type]
+        real(native, plan, q, *rest, **kw)  # type: ignore[arg-type]
 
     backend = CpuAttentionBackend(native_prefill=False, native_prefill_max_q=6)
     cache = torch.zeros(8, BS, HKV, D, dtype=torch.bfloat16)
@@ -120,3 +121,78 @@ def test_chunks_up_to_the_limit_run_natively_the_rest_in_torch(
     q = torch.randn(14, H, D).to(torch.bfloat16)
     backend.forward(q, cache, cache.clone(), meta, D**-0.5)
     assert calls == [6]
+
+
+def _stub_products(monkeypatch: pytest.MonkeyPatch, decode: bool, extend: bool,
+                   asked: list[str]) -> None:  # fmt: skip
+    def decode_win(self: CpuAttentionBackend, num_heads: int, k_cache: torch.Tensor) -> bool:
+        asked.append("decode")
+        return decode
+
+    def extend_win(self: CpuAttentionBackend, num_heads: int, k_cache: torch.Tensor) -> bool:
+        asked.append("extend")
+        return extend
+
+    monkeypatch.setattr(CpuAttentionBackend, "_decode_products_win", decode_win)
+    monkeypatch.setattr(CpuAttentionBackend, "_extend_products_win", extend_win)
+
+
+@pytest.mark.parametrize(("decode", "extend"), [(True, False), (False, True)])
+def test_the_products_race_decides_what_the_kernels_are_asked(
+    monkeypatch: pytest.MonkeyPatch, decode: bool, extend: bool
+) -> None:
+    """Over a bfloat16 cache, where the library has the bfloat16 dot-product paths, the
+    start-up race's winners are what every decode and prefill launch asks for (and the
+    native-vs-torch prefill race runs the chosen prefill path); over a float32 cache
+    there is no race and no products."""
+    asked: list[str] = []
+    _stub_products(monkeypatch, decode, extend, asked)
+    calls: list[tuple[str, bool]] = []
+    real_decode, real_extend = cpu_backend.native_decode_rows, cpu_backend.native_extend
+
+    def spy_decode(*args: object, bf16_products: bool = True, **kw: object) -> None:
+        calls.append(("decode", bf16_products))
+        real_decode(*args, bf16_products=bf16_products, **kw)  # type: ignore[arg-type]
+
+    def spy_extend(*args: object, bf16_products: bool = True, **kw: object) -> None:
+        calls.append(("extend", bf16_products))
+        real_extend(*args, bf16_products=bf16_products, **kw)  # type: ignore[arg-type]
+
+    float32 = CpuAttentionBackend(native_prefill=True)
+    float32.prepare(H, torch.zeros(8, BS, HKV, D))
+    assert float32.bf16_products == (False, False) and asked == []
+    backend = CpuAttentionBackend(native_prefill=True)
+    cache = torch.zeros(8, BS, HKV, D, dtype=torch.bfloat16)
+    backend.prepare(H, cache)
+    assert backend.native is not None
+    if not backend.native.bf16_products:  # no AVX512-BF16 here: nothing to race
+        assert backend.bf16_products == (False, False) and asked == []
+        return
+    assert backend.bf16_products == (decode, extend) and asked == ["decode", "extend"]
+    monkeypatch.setattr(cpu_backend, "native_decode_rows", spy_decode)
+    monkeypatch.setattr(cpu_backend, "native_extend", spy_extend)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0, 5, 6], dtype=torch.int32),
+        seq_lens=torch.tensor((5, 3), dtype=torch.int32),
+        block_tables=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
+        slot_mapping=torch.zeros(6, dtype=torch.int64),
+        max_query_len=5, max_seq_len=5, query_lens_cpu=(5, 1), seq_lens_cpu=(5, 3),
+    )  # fmt: skip
+    backend.forward(torch.randn(6, H, D).to(torch.bfloat16), cache, cache.clone(), meta, 0.25)
+    assert sorted(calls) == [("decode", decode), ("extend", extend)]
+
+
+def test_the_products_race_runs_both_paths_on_the_models_shape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unstubbed, on SmolLM2's shape: both races time both paths and say so."""
+    backend = CpuAttentionBackend()
+    with caplog.at_level("INFO", logger=cpu_backend.__name__):
+        backend.prepare(9, torch.zeros(8, 16, 3, 64, dtype=torch.bfloat16))
+    assert backend.native is not None
+    probes = [r.getMessage() for r in caplog.records if "bfloat16-products probe" in r.getMessage()]
+    if not backend.native.bf16_products:
+        assert probes == [] and backend.bf16_products == (False, False)
+        return
+    assert len(probes) == 2 and all("products" in p and "float32" in p for p in probes)
+    assert f"decode {backend.bf16_products[0]}, prefill {backend.bf16_products[1]}" in caplog.text
