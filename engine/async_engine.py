@@ -34,6 +34,7 @@ from engine.api import (
 from engine.kv.hashing import TenantSalt
 from engine.kv.tenant_shares import check_share
 from engine.llm_engine import LLMEngine
+from engine.openmp_pool import release_thread_pool
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,9 @@ class AsyncEngine:
         with self._thread_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._stopping = False
+                # the step thread's ops get a pool of OpenMP threads of their own: the
+                # one this thread's ops made (model load, probes) would halve its speed
+                release_thread_pool()
                 self._thread = threading.Thread(target=self._run, name="kvtoll-engine", daemon=True)
                 self._thread.start()
 

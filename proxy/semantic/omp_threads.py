@@ -19,10 +19,9 @@ import ctypes
 import logging
 from pathlib import Path
 
+from kvtoll.openmp_runtime import loaded_runtime
+
 log = logging.getLogger(__name__)
-
-_OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
-
 
 def _torch_openmp_library() -> str | None:
     """Path of the OpenMP runtime loaded from torch's own ``lib`` directory, if any."""
@@ -30,17 +29,7 @@ def _torch_openmp_library() -> str | None:
 
     if "OpenMP" not in torch.__config__.parallel_info():
         return None
-    torch_lib = str(Path(torch.__file__).resolve().parent / "lib")
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        name = Path(path).name
-        if path.startswith(torch_lib) and name.startswith(_OPENMP_RUNTIMES):
-            return path
-    return None
+    return loaded_runtime(Path(torch.__file__).resolve().parent / "lib")
 
 
 def limit_this_thread(num_threads: int) -> bool:
