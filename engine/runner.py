@@ -16,10 +16,23 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.decode_graphs import DecodeBatch, DecodeGraphs
+from engine.host_memory import advise_huge_pages
 from engine.kernels.cpu_fused import FusedKernels
 from engine.kernels.kv_int8 import row_width
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.rope import RotaryEmbedding
+
+
+def _zeroed_cache(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """One layer's K or V cache, zeroed; on the CPU its memory advised into huge pages
+    (engine.host_memory.advise_huge_pages: decode reads its blocks scattered over
+    gigabytes) before the zeroing touches it, and any pages it reuses from the heap
+    (a cache below glibc's mmap threshold) collapsed into huge ones."""
+    cache = torch.empty(shape, dtype=dtype, device=device)
+    if cache.device.type == "cpu":
+        advise_huge_pages(cache.data_ptr(), cache.numel() * cache.element_size(),
+                          collapse=True)  # fmt: skip
+    return cache.zero_()
 
 
 @dataclass(frozen=True)
@@ -77,10 +90,7 @@ class ModelRunner:
         width = row_width(cfg.head_size) if cache_dtype == torch.int8 else cfg.head_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, width)
         self.kv_caches: list[KVCache] = [
-            (
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-            )
+            (_zeroed_cache(shape, cache_dtype, device), _zeroed_cache(shape, cache_dtype, device))
             for _ in range(cfg.num_hidden_layers)
         ]
         self.rope = RotaryEmbedding(cfg, max_model_len, dtype, device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,67 @@ def test_tensor_sized_blocks_come_from_the_heap_instead_of_fresh_mappings() -> N
 @glibc
 def test_reports_success_on_glibc() -> None:
     assert keep_tensor_memory() is True
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "none"
+    return text.split("[")[1].split("]")[0]
+
+
+def _huge_kib(address: int) -> int:
+    """AnonHugePages of the mapping that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+linux_thp = pytest.mark.skipif(
+    platform.system() != "Linux" or _thp_mode() not in ("madvise", "always"),
+    reason="needs Linux with transparent huge pages on madvise or always",
+)
+
+
+@linux_thp
+def test_advised_memory_faults_in_huge_pages() -> None:
+    """Fresh mappings of the same size, one advised before its first touch: only the
+    advised one ends up on huge pages (under "madvise"; both may under "always")."""
+    import torch
+
+    from engine.host_memory import HUGE_PAGE_BYTES, advise_huge_pages
+
+    plain = torch.empty(8 * HUGE_PAGE_BYTES, dtype=torch.uint8)
+    advised = torch.empty(8 * HUGE_PAGE_BYTES, dtype=torch.uint8)
+    assert advise_huge_pages(advised.data_ptr(), advised.numel())
+    plain.fill_(1)
+    advised.fill_(1)
+    assert _huge_kib(advised.data_ptr() + 4 * HUGE_PAGE_BYTES) >= 4 * HUGE_PAGE_BYTES // 1024
+    if _thp_mode() == "madvise":
+        assert _huge_kib(plain.data_ptr() + 4 * HUGE_PAGE_BYTES) == 0
+
+
+def test_a_region_without_a_whole_huge_page_is_not_advised() -> None:
+    from engine.host_memory import HUGE_PAGE_BYTES, advise_huge_pages
+
+    assert not advise_huge_pages(HUGE_PAGE_BYTES + 4096, HUGE_PAGE_BYTES)
+    assert not advise_huge_pages(0, 0)
+
+
+@linux_thp
+def test_the_runners_kv_caches_sit_on_huge_pages() -> None:
+    from engine.config import EngineConfig
+    from engine.factory import build_llm_engine
+
+    engine = build_llm_engine(EngineConfig.tiny(num_kv_blocks=8192))
+    k, v = engine.runner.kv_caches[0]
+    assert k.numel() * k.element_size() >= 4 * (2 << 20)
+    assert bool((k == 0).all()) and bool((v == 0).all())
+    assert _huge_kib(k.data_ptr() + k.numel() * k.element_size() // 2) > 0
