@@ -165,8 +165,9 @@ class AsyncEngine:
         with self._thread_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._stopping = False
-                # the step thread's ops get a pool of OpenMP threads of their own: the
-                # one this thread's ops made (model load, probes) would halve its speed
+                # the step thread's ops get a pool of OpenMP threads of their own; the
+                # one this thread's ops made (model load, probes) would make libgomp
+                # throttle the spinning of both pools' workers (engine.openmp_pool)
                 release_thread_pool()
                 self._thread = threading.Thread(target=self._run, name="kvtoll-engine", daemon=True)
                 self._thread.start()

@@ -23,6 +23,7 @@ from kvtoll.openmp_runtime import loaded_runtime
 
 log = logging.getLogger(__name__)
 
+
 def _torch_openmp_library() -> str | None:
     """Path of the OpenMP runtime loaded from torch's own ``lib`` directory, if any."""
     import torch
