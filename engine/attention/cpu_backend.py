@@ -12,7 +12,7 @@ turn after a long cached conversation): the longest of :data:`SHORT_PREFILL_PROB
 the native kernel also won, raced after :data:`SHORT_PROBE_CACHED` cached tokens. Over
 a bfloat16 cache, decode and prefill each run on the native kernels' bfloat16 dot
 products where the library has them and they won their own start-up race against
-float32 products (:data:`DECODE_PRODUCTS_PROBE`, :data:`PREFILL_PROBE`).
+float32 products (:mod:`engine.attention.cpu_probes`).
 
 The torch path copies every decode row's context out of the pool at every layer and
 step before attending to it; on a 64-request batch that copy and the attention after
@@ -22,14 +22,19 @@ it were ~45% of a decode step (profile of bench/engine_throughput.py).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.cpu_probes import (
+    PREFILL_PROBE,
+    decode_products_win,
+    extend_products_win,
+    race,
+    random_caches,
+)
 from engine.attention.decode_groups import DEFAULT_GROUP_COST
 from engine.attention.torch_backend import PREFILL_TILE, TorchAttentionBackend, _PrefillChunk
 from engine.kernels import native_build
@@ -67,25 +72,16 @@ class _StepDecode:
     out32: torch.Tensor | None  # through copies: the kernel's float32 output [R, H, D]
 
 
-# The start-up race between the native prefill kernel and torch's fused attention: this
-# many query rows after this many cached tokens, best of PREFILL_TRIALS each.
-PREFILL_PROBE = (64, 192)
-PREFILL_TRIALS = 3
-# Where torch wins that race, chunks of at most as many query rows as the longest of
-# these that the native kernel also won (shortest first, after SHORT_PROBE_CACHED cached
-# tokens) run natively: it reads the pool in place where torch gathers the context
-# first. AMX Xeon, SmolLM2's shape, bfloat16, native time over torch's after 256 / 1,024
-# / 1,900 cached tokens: 0.59 / 0.61 / 0.59 at 4 query rows, 0.63 / 0.67 / 0.71 at 8,
-# 0.86 / 0.93 / 0.86 at 16, 0.98 / 1.08 / 1.20 at 20, 1.23 / 1.31 / 1.18 at 32 (the
-# probes stop at 16; the long context is where native gains least).
+# Where torch wins the start-up prefill race (PREFILL_PROBE), chunks of at most as many
+# query rows as the longest of these that the native kernel also won (shortest first,
+# after SHORT_PROBE_CACHED cached tokens) run natively: it reads the pool in place where
+# torch gathers the context first. AMX Xeon, SmolLM2's shape, bfloat16, native time over
+# torch's after 256 / 1,024 / 1,900 cached tokens: 0.59 / 0.61 / 0.59 at 4 query rows,
+# 0.63 / 0.67 / 0.71 at 8, 0.86 / 0.93 / 0.86 at 16, 0.98 / 1.08 / 1.20 at 20, 1.23 /
+# 1.31 / 1.18 at 32 (the probes stop at 16; the long context is where native gains
+# least).
 SHORT_PREFILL_PROBES = (4, 8, 16)
 SHORT_PROBE_CACHED = 1024
-# The start-up race, over a bfloat16 cache, between the native kernels' bfloat16
-# dot-product paths and their float32 products (AVX512-BF16 CPUs; which wins depends on
-# the core: on Zen 4 a vdpbf16ps does twice an FMA's multiply-adds, on an AMX Xeon's
-# AVX-512 units no more): decode, this many rows over this many tokens each; prefill,
-# PREFILL_PROBE. Best of PREFILL_TRIALS each, interleaved.
-DECODE_PRODUCTS_PROBE = (16, 384)
 NATIVE_DTYPES = (*CACHE_DTYPES, torch.int8)  # caches the native kernels read
 
 
@@ -196,8 +192,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             chunk = plan_extend(table[0], 1, 1, 1, block_size)
             native_extend(self._native, chunk, q, cache, cache.clone(), 1.0, torch.empty_like(q))
         if k_cache.dtype == torch.bfloat16 and self._native.bf16_products:
-            self._decode_products = self._decode_products_win(num_heads, k_cache)
-            self._extend_products = self._extend_products_win(num_heads, k_cache)
+            self._decode_products = decode_products_win(self._native, num_heads, k_cache)
+            self._extend_products = extend_products_win(self._native, num_heads, k_cache)
         if int8:  # torch has no int8 attention path here
             self._native_prefill = True
         elif self._want_native_prefill is None:
@@ -211,68 +207,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
                  "the native kernel" if self._native_prefill else
                  f"torch (chunks of up to {self._native_max_q} queries natively)",
                  self._decode_products, self._extend_products)  # fmt: skip
-
-    def _race(self, what: str, fns: dict[str, Callable[[], object]]) -> dict[str, float]:
-        """Interleaved best of PREFILL_TRIALS seconds per function (after a warm-up call
-        each), logged."""
-        best = dict.fromkeys(fns, float("inf"))
-        for trial in range(PREFILL_TRIALS + 1):  # the first of each warms up
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                if trial:
-                    best[name] = min(best[name], time.perf_counter() - start)
-        log.info("cpu attention: %s probe %s", what,
-                 ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in best.items()))  # fmt: skip
-        return best
-
-    def _decode_products_win(self, num_heads: int, k_cache: torch.Tensor) -> bool:
-        """Race decode over a bfloat16 cache on bfloat16 dot products against float32
-        products (DECODE_PRODUCTS_PROBE rows of the model's shape)."""
-        assert self._native is not None
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
-        rows, context = DECODE_PRODUCTS_PROBE
-        per_row = -(-context // block_size)
-        gen = torch.Generator().manual_seed(0)
-        kc, vc = (torch.randn((rows * per_row, block_size, num_kv_heads, head_dim),
-                              generator=gen).to(torch.bfloat16) for _ in range(2))  # fmt: skip
-        q = torch.randn((rows, num_heads, head_dim), generator=gen).to(torch.bfloat16)
-        out = torch.empty_like(q)
-        tables = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
-        index = torch.arange(rows, dtype=torch.int64)
-        plan = plan_decode_rows(rows, num_heads, rows * per_row, block_size, tables,
-                                torch.full((rows,), context, dtype=torch.int32), index, index,
-                                scratch=False)  # fmt: skip
-        native = self._native
-        best = self._race("decode bfloat16-products", {
-            "products": lambda: native_decode_rows(native, plan, q, kc, vc, 0.125, out),
-            "float32": lambda: native_decode_rows(native, plan, q, kc, vc, 0.125, out,
-                                                  bf16_products=False),
-        })  # fmt: skip
-        return best["products"] <= best["float32"]
-
-    def _extend_products_win(self, num_heads: int, k_cache: torch.Tensor) -> bool:
-        """Race prefill over a bfloat16 cache on bfloat16 dot products against float32
-        products (a PREFILL_PROBE chunk of the model's shape)."""
-        assert self._native is not None
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
-        q_len, cached = PREFILL_PROBE
-        seq_len = q_len + cached
-        blocks = -(-seq_len // block_size)
-        gen = torch.Generator().manual_seed(0)
-        kc, vc = (torch.randn((blocks, block_size, num_kv_heads, head_dim), generator=gen)
-                  .to(torch.bfloat16) for _ in range(2))  # fmt: skip
-        q = torch.randn((q_len, num_heads, head_dim), generator=gen).to(torch.bfloat16)
-        out = torch.empty_like(q)
-        chunk = plan_extend(torch.arange(blocks, dtype=torch.int32), seq_len, q_len, blocks,
-                            block_size)  # fmt: skip
-        native = self._native
-        best = self._race("prefill bfloat16-products", {
-            "products": lambda: native_extend(native, chunk, q, kc, vc, 0.125, out),
-            "float32": lambda: native_extend(native, chunk, q, kc, vc, 0.125, out,
-                                             bf16_products=False),
-        })  # fmt: skip
-        return best["products"] <= best["float32"]
 
     def _load_native(
         self, num_heads: int, num_kv_heads: int, head_dim: int, required: bool = False
@@ -314,12 +248,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
         chunk of this model's shape, ``q_len`` query rows after ``cached`` tokens
         (interleaved, best of a few each; ~10 ms at 64 rows)."""
         assert self._native is not None
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        _, block_size, _, head_dim = k_cache.shape
         seq_len = q_len + cached
         blocks = -(-seq_len // block_size)
         gen = torch.Generator().manual_seed(0)
-        kc, vc = (torch.randn((blocks, block_size, num_kv_heads, head_dim), generator=gen)
-                  .to(k_cache.dtype) for _ in range(2))  # fmt: skip
+        kc, vc = random_caches(blocks, k_cache, k_cache.dtype, gen)
         # queries of the model's dtype, as a step's are (bfloat16 ones take the native
         # kernel's dot-product path where it has one)
         q = torch.randn((q_len, num_heads, head_dim), generator=gen).to(k_cache.dtype).float()
@@ -334,7 +267,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         native_chunk = plan_extend(table, seq_len, q_len, blocks, block_size)
         qd, out = q.to(k_cache.dtype), torch.empty_like(q)
         native, products = self._native, self._extend_products
-        best = self._race(f"prefill ({q_len} queries after {cached})", {
+        best = race(f"prefill ({q_len} queries after {cached})", {
             "native": lambda: native_extend(native, native_chunk, q, kc, vc, 0.125, out,
                                             bf16_products=products),
             "torch": lambda: super(CpuAttentionBackend, self)._prefill_one(qd, kc, vc, chunk,

@@ -246,8 +246,48 @@ inline void tile_scores(const __m512* const* q, Keys key, __m512* scores) {
         scores);
 }
 
-// Decode: one query row (all H heads) over its sequence's ``length`` tokens. Per tile,
-// every KV head in turn, so each token's K (and V) row is read whole, once.
+// Aligned, initialised running states of ``count`` softmax rows in ``raw``: an alloca of
+// row_state_bytes<C>(count) in the caller's own frame.
+template <int C>
+inline size_t row_state_bytes(int count) {
+    return sizeof(RowState<C>) * count + 64;
+}
+template <int C>
+inline RowState<C>* row_states(void* raw, int count) {
+    auto* state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(raw) + 63) & ~uintptr_t(63));
+    for (int i = 0; i < count; i++) new (&state[i]) RowState<C>();
+    return state;
+}
+
+// Decode's walk over one sequence's ``length`` tokens: tile by tile, every KV head in
+// turn (``head(kvh, base, n)``: the tile's n valid token offsets in base, the rest of the
+// TILE repeating the first), so each token's K (and V) row is read whole, once; before a
+// head's turn, its rows of the tile PREFETCH_TILES ahead are prefetched into L2. ``HS``:
+// elements of one head's row, ``head_lines``: the cache lines it may span.
+template <typename T, int HS, int head_lines, typename Head>
+inline void decode_tiles(const Paged& pg, int length, int num_kv_heads, const T* k_cache,
+                         const T* v_cache, Head head) {
+    for (int t0 = 0; t0 < length; t0 += TILE) {
+        const int n = length - t0 < TILE ? length - t0 : TILE;
+        const int ahead = t0 + TILE * PREFETCH_TILES;
+        const int pm = ahead < length ? (length - ahead < TILE ? length - ahead : TILE) : 0;
+        int64_t next[TILE];
+        if (pm) pg.tile(ahead, pm, next);
+        int64_t base[TILE];
+        pg.tile(t0, n, base);
+        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
+            for (int i = 0; i < pm; i++)
+                for (int l = 0; l < head_lines; l++) {
+                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
+                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
+                }
+            head(kvh, static_cast<const int64_t*>(base), n);
+        }
+    }
+}
+
+// Decode: one query row (all H heads) over its sequence's ``length`` tokens
+// (decode_tiles).
 template <int D, int G, typename T>
 void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, const int32_t* table,
                 int length, int block_size, int num_kv_heads, float scale) {
@@ -257,21 +297,12 @@ void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, con
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
     // cache lines of one head's K (or V) row (an int8 row of D + 4 bytes may span one more)
     constexpr int head_lines = (HS * int(sizeof(T)) + 63) / 64 + (row_extra<T>() ? 1 : 0);
-    RowState<C>* state = static_cast<RowState<C>*>(
-        __builtin_alloca(sizeof(RowState<C>) * num_kv_heads * G + 64));
-    state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
-    for (int i = 0; i < num_kv_heads * G; i++) new (&state[i]) RowState<C>();
+    RowState<C>* state = row_states<C>(__builtin_alloca(row_state_bytes<C>(num_kv_heads * G)),
+                                       num_kv_heads * G);
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (int t0 = 0; t0 < length; t0 += TILE) {
-        const int n = length - t0 < TILE ? length - t0 : TILE;
-        const __mmask16 valid = __mmask16((1u << n) - 1);
-        const int ahead = t0 + TILE * PREFETCH_TILES;
-        const int pm = ahead < length ? (length - ahead < TILE ? length - ahead : TILE) : 0;
-        int64_t next[TILE];
-        if (pm) pg.tile(ahead, pm, next);
-        int64_t base[TILE];
-        pg.tile(t0, n, base);
-        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
+    decode_tiles<T, HS, head_lines>(pg, length, num_kv_heads, k_cache, v_cache,
+                                    [&](int kvh, const int64_t* base, int n) {
+            const __mmask16 valid = __mmask16((1u << n) - 1);
             __m512 qv[G][C];
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++)
@@ -279,14 +310,9 @@ void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, con
             const __m512* qg[G];
             for (int g = 0; g < G; g++) qg[g] = qv[g];
             __m512 s[G];
-            for (int i = 0; i < pm; i++)  // the next tiles' rows of this head, into L2
-                for (int l = 0; l < head_lines; l++) {
-                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
-                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
-                }
             const T* keys = k_cache + kvh * HS;
             tile_scores<C, G>(
-                qg, [keys, &base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);
+                qg, [keys, base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);
             if constexpr (is_int8<T>) {  // q . (scale k) = scale (q . k)
                 alignas(64) float ks[TILE];
                 for (int i = 0; i < TILE; i++) ks[i] = row_scale(keys + base[i], D);
@@ -311,8 +337,7 @@ void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, con
             }
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) st[g].acc[c] = acc[g][c];
-        }
-    }
+        });
     for (int h = 0; h < num_kv_heads * G; h++) state[h].store(io, t, h * D);
 }
 
@@ -521,29 +546,15 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
     const int64_t token = int64_t(num_kv_heads) * D;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
     constexpr int head_lines = (D * 2 + 63) / 64;
-    RowState<C>* state = static_cast<RowState<C>*>(
-        __builtin_alloca(sizeof(RowState<C>) * num_kv_heads * G + 64));
-    state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
-    for (int i = 0; i < num_kv_heads * G; i++) new (&state[i]) RowState<C>();
+    RowState<C>* state = row_states<C>(__builtin_alloca(row_state_bytes<C>(num_kv_heads * G)),
+                                       num_kv_heads * G);
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (int t0 = 0; t0 < length; t0 += TILE) {
-        const int n = length - t0 < TILE ? length - t0 : TILE;
-        const __mmask16 valid = __mmask16((1u << n) - 1);
-        const int ahead = t0 + TILE * PREFETCH_TILES;
-        const int pm = ahead < length ? (length - ahead < TILE ? length - ahead : TILE) : 0;
-        int64_t next[TILE];
-        if (pm) pg.tile(ahead, pm, next);
-        int64_t base[TILE];
-        pg.tile(t0, n, base);
-        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
+    decode_tiles<uint16_t, D, head_lines>(pg, length, num_kv_heads, k_cache, v_cache,
+                                          [&](int kvh, const int64_t* base, int n) {
+            const __mmask16 valid = __mmask16((1u << n) - 1);
             __m512bh qv[G][W];
             for (int g = 0; g < G; g++)
                 for (int w = 0; w < W; w++) qv[g][w] = load_bf16x32(io, t, (kvh * G + g) * D + 32 * w);
-            for (int i = 0; i < pm; i++)  // the next tiles' rows of this head, into L2
-                for (int l = 0; l < head_lines; l++) {
-                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
-                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * D) + 64 * l, _MM_HINT_T1);
-                }
             const uint16_t* keys = k_cache + kvh * D;
             __m512 s[G];
             tile_tree<G>(
@@ -595,8 +606,7 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
             }
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) st[g].acc[c] = acc[g][c];
-        }
-    }
+        });
     // Undo the unpack's order: in 128-bit lane L, vector 2w holds dims 32w + 8L .. + 3 and
     // vector 2w + 1 dims 32w + 8L + 4 .. + 7.
     const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -637,9 +647,7 @@ void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t
     const int64_t token = int64_t(num_kv_heads) * HS;
     const Paged pg{token, int64_t(block_size) * token, table, block_size};
     const int rows = (b - a) * group;
-    RowState<C>* state = static_cast<RowState<C>*>(__builtin_alloca(sizeof(RowState<C>) * rows + 64));
-    state = reinterpret_cast<RowState<C>*>((reinterpret_cast<uintptr_t>(state) + 63) & ~uintptr_t(63));
-    for (int r = 0; r < rows; r++) new (&state[r]) RowState<C>();
+    RowState<C>* state = row_states<C>(__builtin_alloca(row_state_bytes<C>(rows)), rows);
     __m512* qs = static_cast<__m512*>(__builtin_alloca(sizeof(__m512) * rows * C + 64));
     qs = reinterpret_cast<__m512*>((reinterpret_cast<uintptr_t>(qs) + 63) & ~uintptr_t(63));
     const __m512 vscale = _mm512_set1_ps(scale);

@@ -125,16 +125,16 @@ def test_chunks_up_to_the_limit_run_natively_the_rest_in_torch(
 
 def _stub_products(monkeypatch: pytest.MonkeyPatch, decode: bool, extend: bool,
                    asked: list[str]) -> None:  # fmt: skip
-    def decode_win(self: CpuAttentionBackend, num_heads: int, k_cache: torch.Tensor) -> bool:
+    def decode_win(native: object, num_heads: int, k_cache: torch.Tensor) -> bool:
         asked.append("decode")
         return decode
 
-    def extend_win(self: CpuAttentionBackend, num_heads: int, k_cache: torch.Tensor) -> bool:
+    def extend_win(native: object, num_heads: int, k_cache: torch.Tensor) -> bool:
         asked.append("extend")
         return extend
 
-    monkeypatch.setattr(CpuAttentionBackend, "_decode_products_win", decode_win)
-    monkeypatch.setattr(CpuAttentionBackend, "_extend_products_win", extend_win)
+    monkeypatch.setattr(cpu_backend, "decode_products_win", decode_win)
+    monkeypatch.setattr(cpu_backend, "extend_products_win", extend_win)
 
 
 @pytest.mark.parametrize(("decode", "extend"), [(True, False), (False, True)])
@@ -187,7 +187,7 @@ def test_the_products_race_runs_both_paths_on_the_models_shape(
 ) -> None:
     """Unstubbed, on SmolLM2's shape: both races time both paths and say so."""
     backend = CpuAttentionBackend()
-    with caplog.at_level("INFO", logger=cpu_backend.__name__):
+    with caplog.at_level("INFO", logger="engine.attention"):
         backend.prepare(9, torch.zeros(8, 16, 3, 64, dtype=torch.bfloat16))
     assert backend.native is not None
     probes = [r.getMessage() for r in caplog.records if "bfloat16-products probe" in r.getMessage()]

@@ -65,13 +65,14 @@ def _caches(
 
 
 def _decode(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
-            threads: int | None = None) -> torch.Tensor:  # fmt: skip
+            threads: int | None = None, bf16_products: bool = True) -> torch.Tensor:  # fmt: skip
     n = batch.q.shape[0]
     rows = plan_decode_rows(n, batch.q.shape[1], k.shape[0], k.shape[1], batch.block_tables,
                             batch.seq_lens, torch.arange(n), torch.arange(n),
                             scratch=False)  # fmt: skip
     out = torch.full_like(batch.q, float("nan"))
-    native_decode_rows(native, rows, batch.q, k, v, batch.q.shape[2] ** -0.5, out, threads)
+    native_decode_rows(native, rows, batch.q, k, v, batch.q.shape[2] ** -0.5, out, threads,
+                       bf16_products=bf16_products)  # fmt: skip
     return out
 
 
@@ -214,18 +215,6 @@ def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) ->
     assert torch.equal(float_q, _extend_each(native, batch, k, v, None, bf16_products=False))
 
 
-def _decode_bf16(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
-                 bf16_products: bool) -> torch.Tensor:  # fmt: skip
-    n = batch.q.shape[0]
-    rows = plan_decode_rows(n, batch.q.shape[1], k.shape[0], k.shape[1], batch.block_tables,
-                            batch.seq_lens, torch.arange(n), torch.arange(n),
-                            scratch=False)  # fmt: skip
-    out = torch.full_like(batch.q, float("nan"))
-    native_decode_rows(native, rows, batch.q, k, v, batch.q.shape[2] ** -0.5, out,
-                       bf16_products=bf16_products)  # fmt: skip
-    return out
-
-
 @pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", DECODE_CASES)
 def test_bf16_decode_rows_over_a_bf16_cache_match_reference(
     native: NativeKernels,
@@ -245,8 +234,8 @@ def test_bf16_decode_rows_over_a_bf16_cache_match_reference(
     k, v, k_ref, v_ref = _caches(batch, torch.bfloat16)
     ref = reference_paged_decode(batch.q, k_ref, v_ref, batch.block_tables,
                                  batch.seq_lens, head_dim**-0.5)  # fmt: skip
-    fast = _decode_bf16(native, batch, k, v, bf16_products=True)
-    exact = _decode_bf16(native, batch, k, v, bf16_products=False)
+    fast = _decode(native, batch, k, v, bf16_products=True)
+    exact = _decode(native, batch, k, v, bf16_products=False)
     torch.testing.assert_close(fast, ref, **BF16_PRODUCTS)
     torch.testing.assert_close(exact, ref, **TOLERANCES[torch.float32])
 
@@ -258,11 +247,11 @@ def test_bf16_decode_products_are_taken_only_for_bf16_queries(native: NativeKern
     batch = build_paged_batch([1, 1], [300, 77], 9, 3, 64, 16, torch.float32, "cpu", seed=10)
     k, v, _, _ = _caches(batch, torch.bfloat16)
     rounded = _bf16_queries(batch)
-    fast = _decode_bf16(native, rounded, k, v, bf16_products=True)
-    exact = _decode_bf16(native, rounded, k, v, bf16_products=False)
+    fast = _decode(native, rounded, k, v, bf16_products=True)
+    exact = _decode(native, rounded, k, v, bf16_products=False)
     assert torch.equal(fast, exact) is not native.bf16_products
-    float_q = _decode_bf16(native, batch, k, v, bf16_products=True)
-    assert torch.equal(float_q, _decode_bf16(native, batch, k, v, bf16_products=False))
+    float_q = _decode(native, batch, k, v, bf16_products=True)
+    assert torch.equal(float_q, _decode(native, batch, k, v, bf16_products=False))
 
 
 def _in_a_wider_row(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
