@@ -81,11 +81,14 @@ inline __m512 exp16(__m512 x) {
 }
 
 constexpr int TILE = 16;  // keys per tile
-// Decode: the K/V rows of the tile this many tiles ahead are prefetched into L2, a KV
-// head's slice at a time, between that head's tiles (spread out, not in one burst: a
-// burst of the whole tile's lines, or prefetches into L1, stalled the loop on full miss
-// buffers). On a Zen 4 EPYC (2 threads, bfloat16, 64 rows x 30 layers from DRAM) that
-// made decode 1.3-1.4x faster than a burst into L1 (bench/cpu_attention.py).
+// The K/V rows of the tile this many tiles ahead are prefetched into L2 as a kernel goes
+// (Ahead), a few lines at a time between its own loads: in decode, a key pair's K rows
+// while the scores of the current tile's pair run, then the head's V rows before its P.V;
+// in prefill, a token's K and V rows per query-row step. Bursts stall the loop on full miss
+// buffers. Zen 4 EPYC, 2 threads, bfloat16, SmolLM2's shape, caches from DRAM: decode (64
+// rows x 30 layers) 1.18x (bfloat16 products) and 1.22x (float32) over one burst of a
+// head's K and V lines before its turn, itself 1.3-1.4x over a burst of the whole tile or
+// prefetches into L1; prefill 1.1-1.5x over none (8-64 rows after 1,024 cached tokens).
 constexpr int PREFETCH_TILES = 2;
 
 struct Paged {
@@ -106,6 +109,14 @@ struct Paged {
             }
         }
         for (int i = n; i < TILE; i++) base[i] = base[0];
+    }
+    // The offsets of the tile PREFETCH_TILES after the one at t0 of a walk over tokens
+    // [0, end) into ``next``; how many (0 past the end).
+    int ahead(int t0, int end, int64_t* next) const {
+        const int t = t0 + TILE * PREFETCH_TILES;
+        const int m = t < end ? (end - t < TILE ? end - t : TILE) : 0;
+        if (m) tile(t, m, next);
+        return m;
     }
 };
 
@@ -259,30 +270,37 @@ inline RowState<C>* row_states(void* raw, int count) {
     return state;
 }
 
+// The K/V rows of one head in the tile PREFETCH_TILES ahead (decode_tiles), for a kernel to
+// prefetch into L2 while it works on the current tile: ``count`` token offsets in ``next``.
+template <int head_lines>
+struct Ahead {
+    const int64_t* next;
+    int count;
+    int64_t head;  // the head's offset in a token's row
+    template <typename T>
+    void rows(const T* cache, int i0, int i1) const {
+        for (int i = i0; i < i1 && i < count; i++)
+            for (int l = 0; l < head_lines; l++)
+                _mm_prefetch(reinterpret_cast<const char*>(cache + next[i] + head) + 64 * l, _MM_HINT_T1);
+    }
+};
+
 // Decode's walk over one sequence's ``length`` tokens: tile by tile, every KV head in
-// turn (``head(kvh, base, n)``: the tile's n valid token offsets in base, the rest of the
-// TILE repeating the first), so each token's K (and V) row is read whole, once; before a
-// head's turn, its rows of the tile PREFETCH_TILES ahead are prefetched into L2. ``HS``:
-// elements of one head's row, ``head_lines``: the cache lines it may span.
-template <typename T, int HS, int head_lines, typename Head>
-inline void decode_tiles(const Paged& pg, int length, int num_kv_heads, const T* k_cache,
-                         const T* v_cache, Head head) {
+// turn (``head(kvh, base, n, ahead)``: the tile's n valid token offsets in base, the rest
+// of the TILE repeating the first; ``ahead``: that head's rows PREFETCH_TILES tiles on), so
+// each token's K (and V) row is read whole, once. ``HS``: elements of one head's row,
+// ``head_lines``: the cache lines it may span.
+template <int HS, int head_lines, typename Head>
+inline void decode_tiles(const Paged& pg, int length, int num_kv_heads, Head head) {
     for (int t0 = 0; t0 < length; t0 += TILE) {
         const int n = length - t0 < TILE ? length - t0 : TILE;
-        const int ahead = t0 + TILE * PREFETCH_TILES;
-        const int pm = ahead < length ? (length - ahead < TILE ? length - ahead : TILE) : 0;
         int64_t next[TILE];
-        if (pm) pg.tile(ahead, pm, next);
+        const int pm = pg.ahead(t0, length, next);
         int64_t base[TILE];
         pg.tile(t0, n, base);
-        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
-            for (int i = 0; i < pm; i++)
-                for (int l = 0; l < head_lines; l++) {
-                    _mm_prefetch(reinterpret_cast<const char*>(k_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
-                    _mm_prefetch(reinterpret_cast<const char*>(v_cache + next[i] + kvh * HS) + 64 * l, _MM_HINT_T1);
-                }
-            head(kvh, static_cast<const int64_t*>(base), n);
-        }
+        for (int kvh = 0; kvh < num_kv_heads; kvh++)
+            head(kvh, static_cast<const int64_t*>(base), n,
+                 Ahead<head_lines>{next, pm, int64_t(kvh) * HS});
     }
 }
 
@@ -300,8 +318,8 @@ void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, con
     RowState<C>* state = row_states<C>(__builtin_alloca(row_state_bytes<C>(num_kv_heads * G)),
                                        num_kv_heads * G);
     const __m512 vscale = _mm512_set1_ps(scale);
-    decode_tiles<T, HS, head_lines>(pg, length, num_kv_heads, k_cache, v_cache,
-                                    [&](int kvh, const int64_t* base, int n) {
+    decode_tiles<HS, head_lines>(pg, length, num_kv_heads,
+                                 [&](int kvh, const int64_t* base, int n, const Ahead<head_lines>& ahead) {
             const __mmask16 valid = __mmask16((1u << n) - 1);
             __m512 qv[G][C];
             for (int g = 0; g < G; g++)
@@ -312,7 +330,12 @@ void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, con
             __m512 s[G];
             const T* keys = k_cache + kvh * HS;
             tile_scores<C, G>(
-                qg, [keys, base](int i, int c) { return load16(keys + base[i] + 16 * c); }, s);
+                qg,
+                [&](int i, int c) {
+                    if (c == 0) ahead.rows(k_cache, i, i + 1);
+                    return load16(keys + base[i] + 16 * c);
+                },
+                s);
             if constexpr (is_int8<T>) {  // q . (scale k) = scale (q . k)
                 alignas(64) float ks[TILE];
                 for (int i = 0; i < TILE; i++) ks[i] = row_scale(keys + base[i], D);
@@ -325,6 +348,7 @@ void decode_row(const Io& io, int64_t t, const T* k_cache, const T* v_cache, con
             __m512 acc[G][C];
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) acc[g][c] = st[g].acc[c];
+            ahead.rows(v_cache, 0, TILE);
             for (int i = 0; i < n; i++) {
                 const T* vrow = v_cache + base[i] + kvh * HS;
                 const float vs = row_scale(vrow, D);  // p (scale v) = (p scale) v
@@ -435,11 +459,14 @@ void extend_item_bf16(const Io& io, const uint16_t* k_cache, const uint16_t* v_c
             const int n = last + 1 - t0 < TILE ? last + 1 - t0 : TILE;
             int64_t base[TILE];
             pg.tile(t0, n, base);
+            int64_t next[TILE];
+            const Ahead<(D * 2 + 63) / 64> ahead{next, pg.ahead(t0, last + 1, next), int64_t(kvh) * D};
             const uint16_t* krow[TILE];
             for (int i = 0; i < TILE; i++) krow[i] = k_cache + base[i] + kvh * D;
             __m512 s[TILE];
             for (int i = 0; i < TILE; i++) s[i] = _mm512_setzero_ps();
             for (int p = 0; p < P; p++) {
+                if (p < TILE) ahead.rows(k_cache, p, p + 1);
                 const __m512bh qp = (__m512bh)_mm512_load_si512(qt[p]);
                 for (int i = 0; i < TILE; i++) {
                     uint32_t kw;
@@ -469,6 +496,7 @@ void extend_item_bf16(const Io& io, const uint16_t* k_cache, const uint16_t* v_c
             alignas(64) uint32_t vp[TILE / 2][C][16];
             alignas(64) uint32_t pp[TILE / 2][LANES];
             const int pairs = (n + 1) / 2;
+            ahead.rows(v_cache, 0, TILE);
             for (int j = 0; j < pairs; j++) {
                 const uint16_t* va = v_cache + base[2 * j] + kvh * D;
                 const uint16_t* vb = 2 * j + 1 < n ? v_cache + base[2 * j + 1] + kvh * D : nullptr;
@@ -549,8 +577,8 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
     RowState<C>* state = row_states<C>(__builtin_alloca(row_state_bytes<C>(num_kv_heads * G)),
                                        num_kv_heads * G);
     const __m512 vscale = _mm512_set1_ps(scale);
-    decode_tiles<uint16_t, D, head_lines>(pg, length, num_kv_heads, k_cache, v_cache,
-                                          [&](int kvh, const int64_t* base, int n) {
+    decode_tiles<D, head_lines>(pg, length, num_kv_heads,
+                                [&](int kvh, const int64_t* base, int n, const Ahead<head_lines>& ahead) {
             const __mmask16 valid = __mmask16((1u << n) - 1);
             __m512bh qv[G][W];
             for (int g = 0; g < G; g++)
@@ -559,6 +587,7 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
             __m512 s[G];
             tile_tree<G>(
                 [&](int j, __m512* pa, __m512* pb) {
+                    ahead.rows(k_cache, 2 * j, 2 * j + 2);
                     __m512bh ka[W], kb[W];
                     for (int w = 0; w < W; w++) {
                         ka[w] = (__m512bh)_mm512_loadu_si512(keys + base[2 * j] + 32 * w);
@@ -585,6 +614,7 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
             __m512 acc[G][C];  // vector 2w: the low halves of slice w's unpacked pairs, 2w + 1: the high
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) acc[g][c] = st[g].acc[c];
+            ahead.rows(v_cache, 0, TILE);
             for (int j = 0; 2 * j < n; j++) {
                 const uint16_t* va = v_cache + base[2 * j] + kvh * D;
                 const uint16_t* vb = v_cache + base[2 * j + 1] + kvh * D;
@@ -625,7 +655,8 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
 // Extend: query rows [a, b) of one sequence's chunk, for the G heads of KV head ``kvh``;
 // row i sits at position offset + i and sees keys 0 .. offset + i (causal after the
 // cached prefix). Each K/V tile is widened once into a float32 buffer and serves every
-// row of the item; a row stops at its last visible tile. With ``products``, bfloat16
+// row of the item; a row stops at its last visible tile; the tile PREFETCH_TILES ahead is
+// prefetched a token per group of rows. With ``products``, bfloat16
 // caches and queries go to extend_item_bf16 where this build has it.
 template <int D, typename T>
 void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t* table,
@@ -658,8 +689,11 @@ void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t
     constexpr int ROWS = C <= 4 ? 4 : 2;  // as many as registers allow (4: ~10% over 2)
     alignas(64) float kbuf[TILE][D], vbuf[TILE][D];
     const int end = offset + b;  // keys visible to the last row
+    constexpr int head_lines = (HS * int(sizeof(T)) + 63) / 64 + (row_extra<T>() ? 1 : 0);
     for (int t0 = 0; t0 < end; t0 += TILE) {
         const int n = end - t0 < TILE ? end - t0 : TILE;
+        int64_t next[TILE];
+        const Ahead<head_lines> ahead{next, pg.ahead(t0, end, next), int64_t(kvh) * HS};
         for (int i = 0; i < TILE; i++) {
             if (i < n) {
                 const int64_t at = pg.at(t0 + i) + kvh * HS;
@@ -681,7 +715,13 @@ void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t
             }
         }
         int r = 0;  // rows in groups: each K/V row loaded serves ROWS query rows
+        int fetched = 0;  // tokens of the tile ahead prefetched, one a group of rows
         for (; r + ROWS <= rows; r += ROWS) {
+            if (fetched < TILE) {
+                ahead.rows(k_cache, fetched, fetched + 1);
+                ahead.rows(v_cache, fetched, fetched + 1);
+                fetched++;
+            }
             int seen[ROWS], any = 0;
             const __m512* qr[ROWS];
             for (int j = 0; j < ROWS; j++) {
@@ -693,6 +733,8 @@ void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t
             if (!any) continue;
             extend_rows<C, ROWS>(state + r, qr, seen, kbuf, vbuf);
         }
+        ahead.rows(k_cache, fetched, TILE);
+        ahead.rows(v_cache, fetched, TILE);
         for (; r < rows; r++) {
             int seen = offset + a + r / group + 1 - t0;
             if (seen > n) seen = n;
