@@ -244,17 +244,31 @@ class AsyncEngine:
             self._deliver(request.request_id, exc)
 
     def _dispatch(self, chunks: list[GenerationChunk]) -> None:
+        """A step's chunks, in order, with one wake-up of each event loop they go to, not
+        one per chunk: each ``call_soon_threadsafe`` writes the loop's self-pipe (64
+        chunks: 126 us of the step thread one by one, 6 us batched, best case)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, _Stream, _Item]]] = {}
         for c in chunks:
-            self._deliver(c.request_id, c)
+            stream = self._streams.get(c.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((c.request_id, stream, c))
+        for loop, items in by_loop.items():
+            self._call_on(loop, items)
 
     def _deliver(self, request_id: str, item: _Item) -> None:
         stream = self._streams.get(request_id)
-        if stream is None:
-            return
+        if stream is not None:
+            self._call_on(stream.loop, [(request_id, stream, item)])
+
+    def _call_on(
+        self, loop: asyncio.AbstractEventLoop, items: list[tuple[str, _Stream, _Item]]
+    ) -> None:
+        """Put ``items`` into their streams' queues on ``loop``, in order."""
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:  # its event loop is closed
-            self._streams.pop(request_id, None)
+            loop.call_soon_threadsafe(_put_all, [(s.queue, item) for _, s, item in items])
+        except RuntimeError:  # the event loop is closed: its streams have no reader
+            for rid, _, _ in items:
+                self._streams.pop(rid, None)
 
     def _abort_everything(self, exc: BaseException) -> None:
         self.engine.abort_all()
@@ -263,6 +277,11 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self._streams):
             self._deliver(rid, exc)
+
+
+def _put_all(queues: list[tuple[asyncio.Queue[_Item], _Item]]) -> None:
+    for q, item in queues:
+        q.put_nowait(item)
 
 
 class _StepHooks:

@@ -145,3 +145,37 @@ def test_a_failing_step_fails_the_stream_instead_of_hanging(tiny_model: LoadedMo
             await engine.close()
 
     asyncio.run(scenario())
+
+
+def test_a_steps_chunks_wake_the_event_loop_once(tiny_model: LoadedModel) -> None:
+    """Six streams decoding together: their chunks reach the loop in one call a step
+    (not one a chunk), each stream's in order."""
+
+    async def scenario() -> None:
+        engine = build_engine(EngineConfig.tiny(), tiny_model)
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+        wakeups = 0
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wakeups
+            wakeups += 1
+            return real(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        try:
+            results = await asyncio.gather(
+                *(_collect(engine, GenerationRequest(f"s{i}", PROMPT, params)) for i in range(6))
+            )
+        finally:
+            loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+            await engine.close()
+        chunks = sum(len(r) for r in results)
+        for r in results:
+            assert [c.completion_tokens for c in r] == sorted(c.completion_tokens for c in r)
+            assert r[-1].completion_tokens == 8 and r[-1].finish_reason == FinishReason.LENGTH
+        assert chunks >= 6 * 8
+        assert wakeups <= engine.engine.num_steps < chunks
+
+    asyncio.run(scenario())
