@@ -1,5 +1,6 @@
-"""Build and load the native CPU kernels: attention (``native/cpu_attention.cpp``) and
-the decoder's fused small ops (``native/cpu_fused.cpp``, :mod:`engine.kernels.cpu_fused`).
+"""Build and load the native CPU kernels: attention (``native/cpu_attention.cpp``), the
+decoder's fused small ops (``native/cpu_fused.cpp``, :mod:`engine.kernels.cpu_fused`) and
+bfloat16 linear layers (``native/cpu_gemm.cpp``, :mod:`engine.kernels.cpu_gemm`).
 
 A source is compiled on first use with the machine's C++ compiler for the machine
 itself (``-O3 -march=native``) into a shared library in a cache directory (default

@@ -73,12 +73,24 @@ The emulated product wins only at one row, where it streams half the weight byte
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
 
 PackKind = Literal["onednn", "mkl"]
+
+
+class NativeGemm(Protocol):
+    """A native bfloat16 linear kernel (:class:`engine.kernels.cpu_gemm.NativeGemm`)."""
+
+    def supports(self, weight: torch.Tensor) -> bool: ...
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor: ...
+
+    def linear(
+        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int
+    ) -> torch.Tensor: ...
 
 # The row count each library is told to expect when packing: only a blocking hint
 # (forward passes each call's rows); 1 to 256 measured alike.
@@ -144,6 +156,11 @@ class PackedLinear(nn.Linear):
     packed: torch.Tensor
     kind: PackKind
     compute_dtype: torch.dtype
+    # engine.model.native_linear: up to native_max_rows rows multiply on the native
+    # bfloat16 kernel against its own packed copy instead (use_native)
+    native: NativeGemm | None = None
+    native_packed: torch.Tensor | None = None
+    native_max_rows: int = 0
 
     @classmethod
     def from_linear(
@@ -197,6 +214,16 @@ class PackedLinear(nn.Linear):
         if torch.is_grad_enabled() and self.weight.requires_grad:
             return super().forward(x)  # the packed ops have no autograd formula
         rows = x.reshape(-1, self.in_features)
+        if (
+            self.native is not None
+            and self.native_packed is not None
+            and rows.shape[0] <= self.native_max_rows
+            and rows.dtype == torch.bfloat16
+        ):
+            rows = rows if rows.stride(1) == 1 else rows.contiguous()
+            out = self.native.linear(rows, self.native_packed, self.out_features,
+                                     torch.get_num_threads())  # fmt: skip
+            return out.view(*x.shape[:-1], self.out_features)
         upcast = rows.dtype != self.compute_dtype
         if upcast:
             rows = rows.to(self.compute_dtype)
@@ -209,9 +236,27 @@ class PackedLinear(nn.Linear):
             out = out.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
+    def can_use_native(self, gemm: NativeGemm) -> bool:
+        """Whether :meth:`use_native` takes this layer: a bfloat16 product without bias
+        of a weight ``gemm`` can pack."""
+        return (
+            self.bias is None
+            and self.compute_dtype == self.weight.dtype == torch.bfloat16
+            and gemm.supports(self.weight)
+        )
+
+    def use_native(self, gemm: NativeGemm, max_rows: int) -> None:
+        """Multiply calls of up to ``max_rows`` rows on ``gemm`` (:meth:`can_use_native`)."""
+        if not self.can_use_native(gemm):
+            raise ValueError(f"{self.extra_repr()}: not a bfloat16 layer without bias that "
+                             f"the native kernel can pack")  # fmt: skip
+        self.native_packed = gemm.pack(self.weight)
+        self.native, self.native_max_rows = gemm, max_rows
+
     def extra_repr(self) -> str:
         compute = "" if self.compute_dtype == self.weight.dtype else f" in {self.compute_dtype}"
-        return f"{super().extra_repr()}, packed={self.kind}{compute}"
+        native = f", native up to {self.native_max_rows} rows" if self.native else ""
+        return f"{super().extra_repr()}, packed={self.kind}{compute}{native}"
 
 
 def pack_linears(model: nn.Module, kind: PackKind, upcast_bf16: bool = False) -> int:

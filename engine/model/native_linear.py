@@ -1,0 +1,77 @@
+"""bfloat16 linear layers on the native AVX512-BF16 kernel (:mod:`engine.kernels.cpu_gemm`)
+where it beats oneDNN here.
+
+:func:`native_rows_limit` races the two at start-up on SmolLM2-135M's MLP projection
+(576 -> 3,072, random weights), best of interleaved runs, at :data:`RACE_ROWS`: the
+native kernel takes every call (:data:`ALL_ROWS`) where it wins at both, calls of up to
+the smaller count where it wins only there (a decode step's rows), none where it loses
+(oneDNN on AMX tiles, say). :func:`use_native_linears` hands a model's eligible
+:class:`engine.model.packed_linear.PackedLinear` layers to it.
+
+Taking every call keeps each row's result independent of its batch: a row's sums run
+over its inputs in one fixed order whatever rows share the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+
+from engine.kernels.cpu_gemm import NativeGemm
+from engine.model.packed_linear import PackedLinear
+
+log = logging.getLogger(__name__)
+
+RACE_ROWS = (64, 512)  # a decode step's rows, a prefill chunk's
+RACE_SHAPE = (576, 3072)  # in, out features
+ALL_ROWS = 1 << 30
+
+
+def _best_of(fns: dict[str, object], repeats: int) -> dict[str, float]:
+    best = dict.fromkeys(fns, float("inf"))
+    for fn in fns.values():
+        fn()  # type: ignore[operator]  # warm-up
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()  # type: ignore[operator]
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
+    """Up to how many rows a call should run on ``gemm`` here (module docstring)."""
+    gen = torch.Generator().manual_seed(0)
+    in_f, out_f = RACE_SHAPE
+    linear = torch.nn.utils.skip_init(nn.Linear, in_f, out_f, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_f, in_f, generator=gen))
+    layer = PackedLinear.from_linear(linear.to(torch.bfloat16), "onednn")
+    packed = gemm.pack(layer.weight)
+    threads = torch.get_num_threads()
+    limit = 0
+    with torch.inference_mode():
+        for rows in RACE_ROWS:
+            x = torch.randn(rows, in_f, generator=gen).to(torch.bfloat16)
+            best = _best_of({"native": lambda x=x: gemm.linear(x, packed, out_f, threads),
+                             "onednn": lambda x=x: layer(x)}, repeats)  # fmt: skip
+            log.info("bfloat16 linear, %d rows x %d -> %d: native %.3f ms, oneDNN %.3f ms",
+                     rows, in_f, out_f, 1e3 * best["native"], 1e3 * best["onednn"])  # fmt: skip
+            if best["native"] >= best["onednn"]:
+                return limit
+            limit = rows
+    return ALL_ROWS
+
+
+def use_native_linears(model: nn.Module, gemm: NativeGemm, max_rows: int) -> int:
+    """Every :class:`PackedLinear` of ``model`` that ``gemm`` can take multiplies calls of
+    up to ``max_rows`` rows on it; the number taken."""
+    taken = 0
+    for module in model.modules():
+        if isinstance(module, PackedLinear) and module.can_use_native(gemm):
+            module.use_native(gemm, max_rows)
+            taken += 1
+    return taken

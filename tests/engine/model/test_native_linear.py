@@ -1,0 +1,80 @@
+"""Native bfloat16 linears: which layers the kernel takes, the row limit between it and
+oneDNN, and the start-up race's verdicts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import engine.model.native_linear as native_linear
+from engine.kernels.cpu_gemm import NativeGemm, gemm_here
+from engine.model.native_linear import ALL_ROWS, native_rows_limit, use_native_linears
+from engine.model.packed_linear import PackedLinear, onednn_bf16_packing_works
+
+
+@pytest.fixture(scope="module")
+def gemm() -> NativeGemm:
+    found = gemm_here()
+    if found is None or not onednn_bf16_packing_works():
+        pytest.skip("no native bfloat16 kernel or no oneDNN bfloat16 packing here")
+    return found
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96, bias=False), nn.Linear(96, 40, bias=False),
+                          nn.Linear(40, 48, bias=True)).to(torch.bfloat16)  # fmt: skip
+    for i, layer in enumerate(list(model)):
+        model[i] = PackedLinear.from_linear(layer, "onednn")
+    return model
+
+
+def test_only_bias_free_packable_layers_are_taken(gemm: NativeGemm) -> None:
+    model = _model()
+    assert use_native_linears(model, gemm, ALL_ROWS) == 1  # 40 outputs: not n % 16; a bias
+    assert model[0].native is gemm and model[1].native is None and model[2].native is None
+    assert "native up to" in repr(model[0])
+
+
+def test_calls_up_to_the_limit_run_natively_the_rest_on_onednn(gemm: NativeGemm) -> None:
+    model = _model()
+    layer = model[0]
+    x = torch.randn(9, 64).to(torch.bfloat16)
+    onednn = layer(x)
+    packed = gemm.pack(layer.weight)
+    use_native_linears(model, gemm, max_rows=4)
+    with torch.inference_mode():
+        assert torch.equal(layer(x[:4]), gemm.linear(x[:4], packed, 96, torch.get_num_threads()))
+        assert torch.equal(layer(x), onednn)  # 9 rows: over the limit
+        three_d = layer(x[:4].view(2, 2, 64))
+    assert three_d.shape == (2, 2, 96)
+    reference = torch.nn.functional.linear(x.float(), layer.weight.float())
+    assert torch.allclose(layer(x).float(), reference, rtol=2**-7, atol=1e-2)
+
+
+def test_use_native_refuses_a_layer_it_cannot_take(gemm: NativeGemm) -> None:
+    with pytest.raises(ValueError, match="without bias"):
+        _model()[2].use_native(gemm, ALL_ROWS)
+
+
+@pytest.mark.parametrize(
+    ("native_ms", "expected"),
+    [((1.0, 1.0), ALL_ROWS), ((1.0, 3.0), 64), ((3.0, 3.0), 0)],
+)
+def test_the_race_maps_wins_to_a_row_limit(
+    gemm: NativeGemm, monkeypatch: pytest.MonkeyPatch, native_ms: tuple[float, float],
+    expected: int,
+) -> None:  # fmt: skip
+    times = iter(native_ms)
+
+    def fake_best_of(fns: dict[str, object], repeats: int) -> dict[str, float]:
+        assert set(fns) == {"native", "onednn"}
+        return {"native": next(times), "onednn": 2.0}
+
+    monkeypatch.setattr(native_linear, "_best_of", fake_best_of)
+    assert native_rows_limit(gemm) == expected
+
+
+def test_the_race_runs_for_real(gemm: NativeGemm) -> None:
+    assert native_rows_limit(gemm, repeats=1) in (0, native_linear.RACE_ROWS[0], ALL_ROWS)
