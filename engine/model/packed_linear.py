@@ -224,6 +224,8 @@ class PackedLinear(nn.Linear):
             out = self.native.linear(rows, self.native_packed, self.out_features,
                                      torch.get_num_threads())  # fmt: skip
             return out.view(*x.shape[:-1], self.out_features)
+        if self.packed.numel() == 0:  # use_native dropped the oneDNN copy: not bfloat16 rows
+            return super().forward(x)
         upcast = rows.dtype != self.compute_dtype
         if upcast:
             rows = rows.to(self.compute_dtype)
@@ -245,13 +247,17 @@ class PackedLinear(nn.Linear):
             and gemm.supports(self.weight)
         )
 
-    def use_native(self, gemm: NativeGemm, max_rows: int) -> None:
-        """Multiply calls of up to ``max_rows`` rows on ``gemm`` (:meth:`can_use_native`)."""
+    def use_native(self, gemm: NativeGemm, max_rows: int, keep_onednn: bool = True) -> None:
+        """Multiply calls of up to ``max_rows`` rows on ``gemm`` (:meth:`can_use_native`);
+        without ``keep_onednn`` (every call native) the oneDNN copy is freed, and a call
+        that is not bfloat16 runs ``F.linear``."""
         if not self.can_use_native(gemm):
             raise ValueError(f"{self.extra_repr()}: not a bfloat16 layer without bias that "
                              f"the native kernel can pack")  # fmt: skip
         self.native_packed = gemm.pack(self.weight)
         self.native, self.native_max_rows = gemm, max_rows
+        if not keep_onednn:
+            self.packed = torch.empty(0, dtype=self.weight.dtype)
 
     def extra_repr(self) -> str:
         compute = "" if self.compute_dtype == self.weight.dtype else f" in {self.compute_dtype}"

@@ -53,6 +53,20 @@ def test_calls_up_to_the_limit_run_natively_the_rest_on_onednn(gemm: NativeGemm)
     assert torch.allclose(layer(x).float(), reference, rtol=2**-7, atol=1e-2)
 
 
+def test_taking_every_call_frees_the_onednn_copy(gemm: NativeGemm) -> None:
+    kept, freed = _model(), _model()
+    use_native_linears(kept, gemm, max_rows=64)
+    use_native_linears(freed, gemm, ALL_ROWS)
+    assert kept[0].packed.numel() > 0 and freed[0].packed.numel() == 0
+    assert freed[1].packed.numel() > 0  # a layer the kernel did not take keeps its copy
+    x = torch.randn(3, 64)
+    with torch.inference_mode():  # rows that are not bfloat16 still multiply (F.linear)
+        out = freed[0](x.to(torch.bfloat16))
+        assert torch.equal(out, gemm.linear(x.to(torch.bfloat16), freed[0].native_packed, 96, 2))
+        widened = freed[0].weight.float()
+        assert torch.allclose(freed[0].float()(x), torch.nn.functional.linear(x, widened))
+
+
 def test_use_native_refuses_a_layer_it_cannot_take(gemm: NativeGemm) -> None:
     with pytest.raises(ValueError, match="without bias"):
         _model()[2].use_native(gemm, ALL_ROWS)
