@@ -7,18 +7,20 @@ torch's). Products are exact and summed in float32, the sums rounded to bfloat16
 oneDNN rounds them; the order of the sums differs from oneDNN's, so an output may differ
 from torch's in its last bfloat16 bit.
 
-Measured on a Zen 4 EPYC (2 threads, AVX512-BF16, no AMX), SmolLM2-135M's projections,
-30 layers' weights in turn, best of 15, against torch's oneDNN-packed bfloat16 linear in
-the same run (us per call)::
+Measured on a Zen 4 EPYC (2 threads, AVX512-BF16, no AMX) by ``bench/cpu_gemm.py``:
+SmolLM2-135M's projections, 30 layers' weights in turn (the LM head one), interleaved
+best of 11, against torch's oneDNN-packed bfloat16 linear in the same run, us per call::
 
-    k x n            rows 1         16            64            512
-    576 x 576        15 vs 77      33 vs 104     104 vs 242    754 vs 855
-    576 x 3,072      75 vs 297    152 vs 446     527 vs 844   4,049 vs 4,872
-    1,536 x 576      39 vs 135     74 vs 177     258 vs 455   2,001 vs 2,175
-    576 x 49,152    926 vs 4,034  2,406 vs 6,547 8,695 vs 13,132  65,776 vs 90,100
+    k x n (layer)          rows 1          16             64              512
+    576 x 960 (q/k/v)      30 vs 69       61 vs 102     186 vs 248     1,273 vs 1,394
+    576 x 576 (o)          14 vs 41       33 vs 64      112 vs 146       778 vs 838
+    576 x 3,072 (gate/up) 118 vs 189     173 vs 239     562 vs 634     4,078 vs 4,310
+    1,536 x 576 (down)     50 vs 95       82 vs 128     278 vs 342     2,002 vs 2,100
+    576 x 49,152 (head) 1,369 vs 2,015 2,507 vs 3,060 8,767 vs 9,358 65,828 vs 78,427
 
-(the last one layer: the LM head). Whether it wins on another CPU (oneDNN multiplies on
-AMX tiles where it has them) is raced at start-up: :mod:`engine.model.packed_linear`.
+1.2-1.9x at 16 rows, 1.07-1.33x at 64, 1.05-1.19x at 512; of the outputs, ~1 in 10,000
+differs from oneDNN's in its last bit. Whether it wins on another CPU (oneDNN multiplies
+on AMX tiles where it has them) is raced at start-up: :mod:`engine.model.native_linear`.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@
 // stays in L2 while every row passes it).
 //
 // Why: on a Zen 4 EPYC (AVX512-BF16, no AMX) torch's oneDNN bfloat16 matmul, packed weights
-// and all, ran SmolLM2-135M's projections at 130-340 GFLOP/s on 16-64 rows (a fixed ~35 us a
-// call on a 576 x 576 weight); this kernel, same run: 1.5-3.2x faster at 16-64 rows,
-// 1.06-1.4x at 128-2,048 (engine.kernels.cpu_gemm says where each was measured). Where
-// oneDNN has AMX it multiplies far faster on large batches; the engine races the two at
-// start-up (engine.model.packed_linear).
+// and all, ran SmolLM2-135M's projections at 165-290 GFLOP/s on 16-64 rows (a fixed ~30 us
+// a call on a 576 x 576 weight); this kernel, same run, 290-410: 1.2-1.9x faster at 16
+// rows, 1.07-1.33x at 64, 1.05-1.19x at 512 (bench/cpu_gemm.py). Where oneDNN has AMX it
+// multiplies far faster on large batches; the engine races the two at start-up
+// (engine.model.native_linear).
 #include <immintrin.h>
 
 #include <cstdint>
