@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,14 +31,14 @@ RACE_SHAPE = (576, 3072)  # in, out features
 ALL_ROWS = 1 << 30
 
 
-def _best_of(fns: dict[str, object], repeats: int) -> dict[str, float]:
+def _best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     best = dict.fromkeys(fns, float("inf"))
     for fn in fns.values():
-        fn()  # type: ignore[operator]  # warm-up
+        fn()  # warm-up
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
 
@@ -56,8 +57,14 @@ def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
     with torch.inference_mode():
         for rows in RACE_ROWS:
             x = torch.randn(rows, in_f, generator=gen).to(torch.bfloat16)
-            best = _best_of({"native": lambda x=x: gemm.linear(x, packed, out_f, threads),
-                             "onednn": lambda x=x: layer(x)}, repeats)  # fmt: skip
+
+            def native(x: torch.Tensor = x) -> object:
+                return gemm.linear(x, packed, out_f, threads)
+
+            def onednn(x: torch.Tensor = x) -> object:
+                return layer(x)
+
+            best = _best_of({"native": native, "onednn": onednn}, repeats)
             log.info("bfloat16 linear, %d rows x %d -> %d: native %.3f ms, oneDNN %.3f ms",
                      rows, in_f, out_f, 1e3 * best["native"], 1e3 * best["onednn"])  # fmt: skip
             if best["native"] >= best["onednn"]:

@@ -3,6 +3,8 @@ oneDNN, and the start-up race's verdicts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -82,7 +84,7 @@ def test_the_race_maps_wins_to_a_row_limit(
 ) -> None:  # fmt: skip
     times = iter(native_ms)
 
-    def fake_best_of(fns: dict[str, object], repeats: int) -> dict[str, float]:
+    def fake_best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
         assert set(fns) == {"native", "onednn"}
         return {"native": next(times), "onednn": 2.0}
 
