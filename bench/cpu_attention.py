@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,23 +44,11 @@ from engine.kernels.cpu_native_attention import (
     native_extend,
     plan_extend,
 )
+from engine.timing import interleaved_best
 
 H, HKV, D, BLOCK, LAYERS = 9, 3, 64, 16, 30
 # (query rows, cached tokens)
 PREFILL_SHAPES = [(128, 0), (512, 0), (512, 512), (24, 1024), (64, 1024), (64, 192)]
-
-
-def best_of(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
-    """Interleaved best-of-``runs`` seconds per function (after one warm-up call each)."""
-    for fn in fns.values():
-        fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(runs):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def scattered_table(blocks: int, pool: int, rng: random.Random) -> torch.Tensor:
@@ -108,7 +95,7 @@ def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
     fns: dict[str, Callable[[], object]] = {"native": run_native, "numba": run_numba}
     if dtype == torch.bfloat16 and native.bf16_products:  # the native float32-products path
         fns["native_f32_products"] = run_native_f32
-    best = best_of(fns, runs)
+    best = interleaved_best(fns, runs)
     flops = 4 * D * H * sum(lens) * LAYERS
     kv_bytes = 2 * sum(lens) * HKV * D * dtype.itemsize * LAYERS
     return {
@@ -151,7 +138,7 @@ def prefill_case(
     if dtype == torch.bfloat16 and native.bf16_products:  # the native float32-products path
         fns["native_f32_products"] = lambda: native_extend(native, chunk, q, k, v, D**-0.5, out,
                                                            bf16_products=False)  # fmt: skip
-    best = best_of(fns, runs)
+    best = interleaved_best(fns, runs)
     flops = 4 * D * H * sum(cached + i + 1 for i in range(q_len))
     return {
         "query_rows": q_len, "cached_tokens": cached,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from torch import nn
 from bench.engine_peers import cpu_description
 from engine.kernels.cpu_gemm import NativeGemm, gemm_here
 from engine.model.packed_linear import PackedLinear
+from engine.timing import interleaved_best
 
 SHAPES = {  # name: (in, out, weights in turn)
     "qkv_proj": (576, 960, 30),
@@ -36,18 +36,6 @@ SHAPES = {  # name: (in, out, weights in turn)
     "down_proj": (1536, 576, 30),
     "lm_head": (576, 49152, 1),
 }
-
-
-def _best(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
-    for fn in fns.values():
-        fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(runs):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def _calls(
@@ -88,7 +76,7 @@ def measure(rows_list: list[int], threads: int, runs: int) -> dict[str, Any]:
             for rows in rows_list:
                 x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
                 differ = int((gemm.linear(x, packs[0], n, threads) != layers[0](x)).sum())
-                best = _best(_calls(gemm, x, packs, layers, n, threads), runs)
+                best = interleaved_best(_calls(gemm, x, packs, layers, n, threads), runs)
                 per = {key: t / count for key, t in best.items()}
                 flop = 2 * rows * k * n
                 out[f"{name}_{rows}"] = {

@@ -12,7 +12,6 @@ probe 0.143 vs 0.185 ms, prefill 0.191 vs 0.302), on an AMX Xeon's AVX-512 units
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import torch
@@ -24,6 +23,7 @@ from engine.kernels.cpu_native_attention import (
     native_extend,
     plan_extend,
 )
+from engine.timing import interleaved_best
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +38,16 @@ DECODE_PRODUCTS_PROBE = (16, 384)
 def race(what: str, fns: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Interleaved best of PREFILL_TRIALS seconds per function (after a warm-up call
     each), logged."""
-    best = dict.fromkeys(fns, float("inf"))
-    for trial in range(PREFILL_TRIALS + 1):  # the first of each warms up
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            if trial:
-                best[name] = min(best[name], time.perf_counter() - start)
+    best = interleaved_best(fns, PREFILL_TRIALS)
     log.info("cpu attention: %s probe %s", what,
              ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in best.items()))  # fmt: skip
     return best
+
+
+def _products_win(what: str, run: Callable[[bool], object]) -> bool:
+    """Race ``run(bf16_products)`` with bfloat16 dot products against float32 ones."""
+    best = race(what, {"products": lambda: run(True), "float32": lambda: run(False)})
+    return best["products"] <= best["float32"]
 
 
 def random_caches(
@@ -75,12 +75,8 @@ def decode_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Te
     plan = plan_decode_rows(rows, num_heads, rows * per_row, block_size, tables,
                             torch.full((rows,), context, dtype=torch.int32), index, index,
                             scratch=False)  # fmt: skip
-    best = race("decode bfloat16-products", {
-        "products": lambda: native_decode_rows(native, plan, q, kc, vc, 0.125, out),
-        "float32": lambda: native_decode_rows(native, plan, q, kc, vc, 0.125, out,
-                                              bf16_products=False),
-    })  # fmt: skip
-    return best["products"] <= best["float32"]
+    return _products_win("decode bfloat16-products", lambda products: native_decode_rows(
+        native, plan, q, kc, vc, 0.125, out, bf16_products=products))  # fmt: skip
 
 
 def extend_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Tensor) -> bool:
@@ -96,9 +92,5 @@ def extend_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Te
     out = torch.empty_like(q)
     chunk = plan_extend(torch.arange(blocks, dtype=torch.int32), seq_len, q_len, blocks,
                         block_size)  # fmt: skip
-    best = race("prefill bfloat16-products", {
-        "products": lambda: native_extend(native, chunk, q, kc, vc, 0.125, out),
-        "float32": lambda: native_extend(native, chunk, q, kc, vc, 0.125, out,
-                                         bf16_products=False),
-    })  # fmt: skip
-    return best["products"] <= best["float32"]
+    return _products_win("prefill bfloat16-products", lambda products: native_extend(
+        native, chunk, q, kc, vc, 0.125, out, bf16_products=products))  # fmt: skip

@@ -15,32 +15,19 @@ over its inputs in one fixed order whatever rows share the call.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from engine.kernels.cpu_gemm import NativeGemm
 from engine.model.packed_linear import PackedLinear
+from engine.timing import interleaved_best
 
 log = logging.getLogger(__name__)
 
 RACE_ROWS = (64, 512)  # a decode step's rows, a prefill chunk's
 RACE_SHAPE = (576, 3072)  # in, out features
 ALL_ROWS = 1 << 30
-
-
-def _best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    best = dict.fromkeys(fns, float("inf"))
-    for fn in fns.values():
-        fn()  # warm-up
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
@@ -64,7 +51,7 @@ def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
             def onednn(x: torch.Tensor = x) -> object:
                 return layer(x)
 
-            best = _best_of({"native": native, "onednn": onednn}, repeats)
+            best = interleaved_best({"native": native, "onednn": onednn}, repeats)
             log.info("bfloat16 linear, %d rows x %d -> %d: native %.3f ms, oneDNN %.3f ms",
                      rows, in_f, out_f, 1e3 * best["native"], 1e3 * best["onednn"])  # fmt: skip
             if best["native"] >= best["onednn"]:

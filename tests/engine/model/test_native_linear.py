@@ -84,11 +84,11 @@ def test_the_race_maps_wins_to_a_row_limit(
 ) -> None:  # fmt: skip
     times = iter(native_ms)
 
-    def fake_best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    def fake_best_of(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
         assert set(fns) == {"native", "onednn"}
         return {"native": next(times), "onednn": 2.0}
 
-    monkeypatch.setattr(native_linear, "_best_of", fake_best_of)
+    monkeypatch.setattr(native_linear, "interleaved_best", fake_best_of)
     assert native_rows_limit(gemm) == expected
 
 
