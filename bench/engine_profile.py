@@ -22,6 +22,7 @@ The timers cost ~1 us a call (~300 calls a step), charged to the phase they wrap
 the untimed run's seconds are reported beside the timed run's for comparison.
 
     python -m bench.engine_profile [--dtype bfloat16] [--quick] [--kv-cache-dtype int8]
+                                   [--linear-quant int8]
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ def main() -> None:
     ap.add_argument("--no-fused", action="store_true", help="eager small ops (the 'before')")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
                     help="int8: the quantized KV cache (engine.kernels.kv_int8)")
+    ap.add_argument("--linear-quant", default="none", choices=["none", "int8"],
+                    help="int8: the quantized linears (engine.model.int8_linear)")
     ap.add_argument("--max-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
                     help="step token budget (default: the engine's; figures before 2026-12-06 "
                     "used 512)")
@@ -177,10 +180,12 @@ def main() -> None:
     config = EngineConfig(dtype=args.dtype, kv_cache_bytes=2 << 30, max_num_seqs=64,
                           max_num_batched_tokens=args.max_batched_tokens, max_model_len=2048,
                           fused_ops=not args.no_fused,
-                          kv_cache_dtype=args.kv_cache_dtype)  # fmt: skip
+                          kv_cache_dtype=args.kv_cache_dtype,
+                          linear_quant=args.linear_quant)  # fmt: skip
     result = {"cpu": cpu_description(), "dtype": args.dtype, "requests": len(work.prompts),
               "max_num_batched_tokens": config.max_num_batched_tokens,
               "fused_ops": config.fused_ops, "kv_cache_dtype": config.kv_cache_dtype,
+              "linear_quant": config.linear_quant,
               "load_average": list(os.getloadavg()),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
               "profile": profile(load_model(config), config, work)}  # fmt: skip

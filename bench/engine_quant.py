@@ -8,7 +8,8 @@ benchmark, not a test):
 * perplexity on a held-in text (questions from ``/work/shared/data/qqp_pairs_12k.jsonl``,
   joined, the first ``--ppl-tokens`` tokens), computed with Hugging Face's Llama
   forward on the same weights in bfloat16, and again with its linear layers replaced
-  by the same int8 layers (:func:`engine.model.int8_linear.quantize_linears`).
+  by the same int8 layers (:func:`engine.model.int8_linear.quantize_linears`, on the
+  native kernel where it builds, as the engine's).
 
     python -m bench.engine_quant [--requests 16] [--ppl-tokens 1024]
 """
@@ -29,7 +30,8 @@ from bench.engine_throughput import hf_model, make_workload
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine, load_model
-from engine.model.int8_linear import quantize_linears
+from engine.kernels.cpu_gemm import int8_gemm_here
+from engine.model.int8_linear import NativeInt8Linear, quantize_linears
 
 HELD_IN = Path("/work/shared/data/qqp_pairs_12k.jsonl")
 
@@ -96,11 +98,14 @@ def main() -> None:
     ids = held_in_ids(bf16, args.ppl_tokens)
     hf = hf_model(bf16, torch.bfloat16)
     ppl_bf16 = perplexity(hf, ids)
-    quantize_linears(hf)
+    quantize_linears(hf, gemm=int8_gemm_here())  # as the engine quantizes
+    native = any(isinstance(m, NativeInt8Linear) for m in hf.modules())
     ppl_int8 = perplexity(hf, ids)
     print(json.dumps({
         "cpu": cpu_description(),
-        "label": "QUANTIZED: int8 linears (per-channel int8 weights, dynamic uint8 inputs)",
+        "label": "QUANTIZED: int8 linears (per-channel int8 weights, "
+                 + ("per-row int8 inputs, native VNNI kernel)" if native
+                    else "per-call uint8 inputs, fbgemm)"),
         "token_agreement_with_bf16": agreement(tokens_bf16, tokens_int8),
         "perplexity": {"held_in_text": f"{HELD_IN.name}: text_a of the first 400 rows",
                        "tokens": len(ids), "bf16": round(ppl_bf16, 3),

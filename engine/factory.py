@@ -30,7 +30,7 @@ from engine.dtype_choice import native_bf16
 from engine.gpu_memory import GpuMemory, kv_cache_budget, measure, reset_peak
 from engine.host_memory import keep_tensor_memory
 from engine.kernels.cpu_fused import fused_kernels_here
-from engine.kernels.cpu_gemm import gemm_here
+from engine.kernels.cpu_gemm import gemm_here, int8_gemm_here
 from engine.kernels.kv_int8 import row_width
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
@@ -40,7 +40,7 @@ from engine.model.config import LlamaConfig
 from engine.model.int8_linear import quantize_linears
 from engine.model.llama import LlamaForCausalLM, stack_checkpoint
 from engine.model.native_linear import native_rows_limit, use_native_linears
-from engine.model.packed_linear import best_packing, pack_linears
+from engine.model.packed_linear import PackedLinear, best_packing, pack_linears
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tenant_fair import FairnessConfig
@@ -101,13 +101,15 @@ def _build_model(
     else:
         _init_tiny(model, seed)
     model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
-    if linear_quant == "int8":
-        quantize_linears(model)  # engine.model.int8_linear: the opt-in quantized path
+    if linear_quant == "int8":  # engine.model.int8_linear: the opt-in quantized path
+        quantize_linears(model, gemm=int8_gemm_here() if device == "cpu" else None)
     if device == "cpu" and (packing := best_packing()) is not None:
         # the rest (all, without int8); a bf16 model on a CPU without bf16 instructions
         # multiplies in float32 (engine.model.packed_linear.pack_linears' upcast_bf16)
         pack_linears(model, packing, upcast_bf16=not native_bf16(device))
-        if model.lm_head.weight.dtype == torch.bfloat16 and (gemm := gemm_here()) is not None:
+        bf16_layers = any(isinstance(m, PackedLinear) and m.weight.dtype == torch.bfloat16
+                          for m in model.modules())  # fmt: skip
+        if bf16_layers and (gemm := gemm_here()) is not None:
             max_rows = native_rows_limit(gemm)  # engine.model.native_linear: raced here
             if max_rows:
                 use_native_linears(model, gemm, max_rows)

@@ -96,6 +96,79 @@ class NativeGemm:
         return out
 
 
+@dataclass(frozen=True)
+class Int8Weight:
+    """A weight [n, k] quantized per output channel (symmetric: ``scale = max |w| / 127``
+    of its row) and packed for :meth:`NativeInt8Gemm.linear`."""
+
+    packed: torch.Tensor  # int32, the panels
+    col_scale: torch.Tensor  # float32 [n]
+    comp: torch.Tensor  # int32 [n]: 128 x each column's int8 weight sum
+    out_features: int
+    in_features: int
+
+
+@dataclass(frozen=True)
+class NativeInt8Gemm:
+    """The loaded library's int8 entry points (AVX512-VNNI ``vpdpbusd``): inputs quantized
+    per row inside each call, int32 sums, outputs dequantized and rounded to bfloat16."""
+
+    path: Path
+    _pack: Callable[..., int]
+    _gemm: Callable[..., int]
+
+    @staticmethod
+    def supports(weight: torch.Tensor) -> bool:
+        """Whether ``weight`` [n, k] can be quantized and packed: a floating CPU tensor,
+        n and k multiples of 16."""
+        return (
+            weight.dtype.is_floating_point
+            and weight.device.type == "cpu"
+            and weight.dim() == 2
+            and weight.shape[0] % 16 == 0
+            and weight.shape[1] % 16 == 0
+        )
+
+    def quantize(self, weight: torch.Tensor) -> Int8Weight:
+        """``weight`` [n, k] (:meth:`supports`) as per-channel int8, packed."""
+        if not self.supports(weight):
+            raise ValueError(f"cannot quantize a {weight.dtype} {tuple(weight.shape)} weight on "
+                             f"{weight.device}: floating [n, k] on the CPU, n and k multiples "
+                             f"of 16")  # fmt: skip
+        n, k = weight.shape
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        raw = torch.empty(n * k // 4 + 16, dtype=torch.int32)  # room to align to 64 bytes
+        shift = (-raw.data_ptr() % 64) // 4
+        packed = raw[shift : shift + n * k // 4]
+        comp = torch.empty(n, dtype=torch.int32)
+        if self._pack(q.data_ptr(), n, k, packed.data_ptr(), comp.data_ptr()):
+            raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
+        return Int8Weight(packed, scale.contiguous(), comp, n, k)
+
+    def linear(self, x: torch.Tensor, weight: Int8Weight, threads: int) -> torch.Tensor:
+        """``x`` [rows, k] bfloat16 (rows contiguous in k) times the weight's transpose:
+        [rows, out_features] bfloat16."""
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.stride(1) != 1:
+            raise ValueError(f"x must be bfloat16 [rows, k] with unit column stride, got "
+                             f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+        rows, k = x.shape
+        if k != weight.in_features:
+            raise ValueError(f"x has {k} features, the weight {weight.in_features}")
+        n = weight.out_features
+        out = torch.empty((rows, n), dtype=torch.bfloat16)
+        if rows:
+            scratch = torch.empty(rows * k, dtype=torch.uint8)
+            row_scale = torch.empty(rows, dtype=torch.float32)
+            if self._gemm(x.data_ptr(), x.stride(0), rows, weight.packed.data_ptr(),
+                          weight.col_scale.data_ptr(), weight.comp.data_ptr(), n, k,
+                          out.data_ptr(), n, scratch.data_ptr(), row_scale.data_ptr(),
+                          threads):  # fmt: skip
+                raise ValueError(f"the library refused a [{rows}, {k}] x [{n}, {k}] int8 product")
+        return out
+
+
 @functools.cache
 def load_gemm(cache_dir: Path) -> NativeGemm:
     """Build or load the library; memoised per process. RuntimeError or OSError where it
@@ -115,6 +188,39 @@ def load_gemm(cache_dir: Path) -> NativeGemm:
     # x, its row stride, rows, packed, n, k, out, its row stride, threads
     gemm.argtypes, gemm.restype = [ptr, i64, i32, ptr, i32, i32, ptr, i64, i32], i32
     return NativeGemm(path, size, pack, gemm)
+
+
+@functools.cache
+def load_int8_gemm(cache_dir: Path) -> NativeInt8Gemm:
+    """Build or load the library (the same one as :func:`load_gemm`); memoised per
+    process. RuntimeError or OSError where it cannot be built or loaded here, or was built
+    without the int8 kernel (no AVX512-VNNI or -BF16)."""
+    path = native_build.build(cache_dir, SOURCE, native_build.ATTENTION_FLAGS)
+    lib = ctypes.CDLL(str(path))
+    if not lib.kvt_gemm_i8_available():
+        raise RuntimeError("the CPU lacks AVX512-VNNI or AVX512-BF16")
+    i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+    pack = lib.kvt_gemm_i8_pack
+    pack.argtypes, pack.restype = [ptr, i32, i32, ptr, ptr], i32
+    gemm = lib.kvt_gemm_i8
+    # x, its row stride, rows, packed, col_scale, comp, n, k, out, its row stride,
+    # scratch, row_scale, threads
+    gemm.argtypes = [ptr, i64, i32, ptr, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32]
+    gemm.restype = i32
+    return NativeInt8Gemm(path, pack, gemm)
+
+
+def int8_gemm_here(cache_dir: Path | None = None) -> NativeInt8Gemm | None:
+    """The int8 kernel if it builds, loads and has AVX512-VNNI and -BF16 here, else None
+    (why: logged at info; int8 linears then run on torch's fbgemm)."""
+    reason = native_build.unavailable_reason()
+    if reason is None:
+        try:
+            return load_int8_gemm(cache_dir or native_build.default_cache_dir())
+        except (RuntimeError, OSError) as exc:
+            reason = str(exc)
+    log.info("native int8 linears unavailable (%s); fbgemm's", reason)
+    return None
 
 
 def gemm_here(cache_dir: Path | None = None) -> NativeGemm | None:

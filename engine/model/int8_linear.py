@@ -1,31 +1,32 @@
 """Int8 linear layers for the CPU (the opt-in quantized path, ``linear_quant="int8"``).
 
-Weights are quantized once, per output channel and symmetric (``scale = max |w| /
-127`` of each row), and packed for torch's x86 quantized engine (fbgemm); each call
-quantizes its input rows dynamically (per tensor, asymmetric uint8, the full 8-bit
-range: ``reduce_range=False``, exact on CPUs with VNNI, whose ``vpdpbusd`` sums
-int32 without the 16-bit saturation of AVX2's ``vpmaddubsw``) and multiplies in
-int8 with int32 sums, dequantized to float32 and cast back to the input's dtype.
+Weights are quantized once, per output channel and symmetric (``scale = max |w| / 127``
+of each row). Two ways to multiply:
 
-Why: without AMX a bfloat16 product runs on AVX-512 ``vdpbf16ps`` (32 multiply-adds
-per instruction); int8 ``vpdpbusd`` does 64, and the weights stream half the bytes.
-Measured on SmolLM2-135M's shapes at 2 threads (AMD EPYC, AVX-512 VNNI/BF16, no AMX,
-best of 30, a shared machine), oneDNN-packed bf16 vs this path, ms::
+* :class:`NativeInt8Linear` (where :mod:`engine.kernels.cpu_gemm`'s int8 kernel builds:
+  AVX512-VNNI and -BF16): each call quantizes every input row with its own scale
+  (symmetric, ``max |x| / 127``) inside the kernel, sums int8 products in int32 with
+  ``vpdpbusd`` and rounds the dequantized sums to bfloat16. A row's result does not
+  depend on the rows beside it; every linear, the MLP's down projection and the LM head
+  included, is quantized.
+* :class:`Int8DynamicLinear` (elsewhere): torch's x86 quantized engine (fbgemm), one
+  asymmetric uint8 scale per call (``reduce_range=False``, exact on CPUs with VNNI) and
+  float32 output. The down projection stays in the model's dtype (:data:`KEEP`): its
+  input, SiLU(gate) * up, has outlier channels that one per-tensor scale cannot hold.
 
-    rows                     1      16     64
-    576 -> 3,072 (gate/up)   0.055  0.156  0.524   bf16
-                             0.035  0.098  0.315   int8
-    1,536 -> 576 (down)      0.040  0.098  0.277   bf16
-                             0.027  0.060  0.174   int8
+Why: without AMX a bfloat16 product runs on AVX-512 ``vdpbf16ps`` (32 multiply-adds per
+instruction); int8 ``vpdpbusd`` does 64 at the same rate, and the weights stream half the
+bytes. Measured on a Zen 4 EPYC (2 threads, AVX-512 VNNI/BF16, no AMX), native int8 vs
+native bfloat16 kernels, GOP/s: 576 -> 3,072 at 64 rows 806 vs 444, at 512 rows 784 vs
+414; 1,536 -> 576 at 512 rows 831 vs 452; both kernels run one 512-bit dot product a
+cycle, the machine's peak.
 
-Accuracy: ~1.2% relative error of one product (random weights). The MLP's down
-projection stays in the model's dtype (:data:`KEEP`): its input, SiLU(gate) * up,
-has outlier channels that one per-tensor input scale cannot hold. Perplexity of
+Accuracy: ~1.1% relative error of one product (random weights). Perplexity of
 SmolLM2-135M on 1,024 held-in tokens (bench/engine_quant.py's text, HF's forward):
-bf16 40.9; every linear int8 64.3 (+57%); all but the LM head 63.3; all but the LM
-head and down_proj 43.6 (+6.6%). Greedy output is *not* token-identical to the
-bfloat16 path, so this path is labelled and the bench reports its token agreement
-with bf16 (``bench/engine_quant.py``).
+bfloat16 40.94; native per-row int8, every linear, 41.96 (+2.5%); fbgemm per-tensor
+int8, every linear 64.27 (+57%), all but down_proj 44.31 (+8.2%). Greedy output is *not*
+token-identical to the bfloat16 path, so this path is labelled and the bench reports
+its token agreement with bf16 (``bench/engine_quant.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm
 
 
 def int8_available() -> bool:
@@ -86,23 +89,76 @@ class Int8DynamicLinear(nn.Linear):
         return f"{super().extra_repr()}, int8=dynamic"
 
 
-# Linear layers (by attribute name) that keep the model's dtype (module docstring).
+class NativeInt8Linear(nn.Linear):
+    """An ``nn.Linear`` (same parameters and state dict; tied weights stay tied) whose
+    forward multiplies on the native AVX512-VNNI kernel
+    (:class:`engine.kernels.cpu_gemm.NativeInt8Gemm`): weights per output channel int8,
+    each input row quantized with its own scale inside the call (so a row's output does
+    not depend on the rows beside it), int32 sums, output rounded to bfloat16 and cast to
+    the input's dtype; a bias is added after."""
+
+    gemm: NativeInt8Gemm
+    quantized: Int8Weight
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, gemm: NativeInt8Gemm) -> NativeInt8Linear:
+        if not gemm.supports(linear.weight):
+            w = linear.weight
+            raise ValueError(f"the native int8 kernel cannot take a {w.dtype} "
+                             f"{tuple(w.shape)} weight on {w.device}")  # fmt: skip
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        layer.gemm = gemm
+        with torch.no_grad():
+            layer.quantized = gemm.quantize(linear.weight)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype != torch.bfloat16 or rows.stride(1) != 1:
+            rows = rows.to(torch.bfloat16).contiguous()
+        out = self.gemm.linear(rows, self.quantized, torch.get_num_threads()).to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, int8=native per-row"
+
+
+INT8_LINEARS = (Int8DynamicLinear, NativeInt8Linear)
+
+# Linear layers (by attribute name) that keep the model's dtype on fbgemm's per-tensor path
+# (module docstring); the native per-row path takes every linear.
 KEEP = frozenset({"down_proj"})
 
 
-def quantize_linears(model: nn.Module, keep: frozenset[str] = KEEP) -> int:
+def quantize_linears(
+    model: nn.Module, keep: frozenset[str] | None = None, gemm: NativeInt8Gemm | None = None
+) -> int:
     """Replace every CPU ``nn.Linear`` in ``model`` (packed ones too; including the LM
-    head; the embedding it may be tied to stays as it is) whose attribute name is not
-    in ``keep`` by an :class:`Int8DynamicLinear`, in place; the number replaced."""
+    head; the embedding it may be tied to stays as it is) by a :class:`NativeInt8Linear`
+    on ``gemm`` where it takes the weight, else by an :class:`Int8DynamicLinear`, in
+    place; the number replaced. Layers whose attribute name is in ``keep`` stay; by
+    default none on the native path, :data:`KEEP` on fbgemm's."""
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if (
-                name not in keep
-                and isinstance(child, nn.Linear)
-                and not isinstance(child, Int8DynamicLinear)
-                and child.weight.device.type == "cpu"
+                not isinstance(child, nn.Linear)
+                or isinstance(child, INT8_LINEARS)
+                or child.weight.device.type != "cpu"
             ):
+                continue
+            native = gemm if gemm is not None and gemm.supports(child.weight) else None
+            if name in (keep if keep is not None else frozenset() if native else KEEP):
+                continue
+            if native is not None:
+                setattr(parent, name, NativeInt8Linear.from_linear(child, native))
+            else:
                 setattr(parent, name, Int8DynamicLinear.from_linear(child))
-                replaced += 1
+            replaced += 1
     return replaced

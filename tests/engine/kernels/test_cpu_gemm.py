@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.cpu_gemm import NativeGemm, gemm_here
+from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +70,91 @@ def test_bad_shapes_and_dtypes_are_refused(gemm: NativeGemm) -> None:
         gemm.linear(x, packed, 32, 2)
     with pytest.raises(ValueError, match="unit column stride"):
         gemm.linear(x.t().contiguous().t(), packed, 48, 2)
+
+
+# The int8 kernel (AVX512-VNNI): inputs quantized per row inside the call.
+
+
+@pytest.fixture(scope="module")
+def int8_gemm() -> NativeInt8Gemm:
+    found = int8_gemm_here()
+    if found is None:
+        pytest.skip("no AVX512-VNNI/BF16 or no compiler here: the int8 kernel is not built")
+    return found
+
+
+def _int8_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in torch: per-channel weights and per-row inputs rounded
+    half to even to [-127, 127], exact integer sums, then sum x (weight scale x row scale)
+    in float32, rounded to bfloat16."""
+    wf, xf = w.float(), x.float()
+    w_scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    wq = torch.round(wf / w_scale[:, None]).clamp(-127, 127)
+    amax = xf.abs().amax(dim=1)
+    # 127 / max in float32, correctly rounded (torch's float32 division may be a last bit off)
+    inv = torch.where(amax > 0, (127.0 / amax.double()).float(), torch.zeros_like(amax))
+    xq = torch.round(xf * inv[:, None]).clamp(-127, 127)
+    sums = (xq.double() @ wq.double().T).float()  # exact: integers far below 2**24
+    row_scale = (amax.double() / 127.0).float()
+    return (sums * (w_scale[None, :] * row_scale[:, None])).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("n", [16, 32, 48, 96, 112, 976])
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 64])
+def test_int8_products_are_the_reference_bit_for_bit(
+    int8_gemm: NativeInt8Gemm, m: int, n: int
+) -> None:
+    k = 80
+    x, w = _case(m, n, k, seed=m + n)
+    x[0, 3] = 0.0  # and a zero row below, where there is one
+    if m > 2:
+        x[2] = 0.0
+    out = int8_gemm.linear(x, int8_gemm.quantize(w), threads=2)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert torch.equal(out, _int8_reference(x, w))
+    if m > 2:
+        assert not out[2].any()
+
+
+def test_int8_products_are_close_to_the_float_ones(int8_gemm: NativeInt8Gemm) -> None:
+    x, w = _case(64, 960, 576, seed=3)
+    out = int8_gemm.linear(x, int8_gemm.quantize(w), threads=2).float()
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    error = ((out - ref).norm() / ref.norm()).item()
+    assert error < 0.02, f"relative error {error:.4f}"
+
+
+def test_an_int8_rows_result_does_not_depend_on_its_batch(int8_gemm: NativeInt8Gemm) -> None:
+    x, w = _case(37, 144, 576, seed=1)
+    x[9] *= 100.0  # a row with a far larger range: per-tensor scales would hurt the others
+    weight = int8_gemm.quantize(w)
+    whole = int8_gemm.linear(x, weight, threads=2)
+    for i in (0, 7, 8, 36):
+        assert torch.equal(int8_gemm.linear(x[i : i + 1], weight, threads=1), whole[i : i + 1])
+    assert torch.equal(int8_gemm.linear(x[5:20], weight, threads=2), whole[5:20])
+
+
+def test_int8_strided_rows_and_empty_calls(int8_gemm: NativeInt8Gemm) -> None:
+    x, w = _case(6, 48, 64, seed=2)
+    wide = torch.zeros(6, 100, dtype=torch.bfloat16)
+    wide[:, 10:74] = x
+    weight = int8_gemm.quantize(w)
+    assert torch.equal(int8_gemm.linear(wide[:, 10:74], weight, 2), int8_gemm.linear(x, weight, 2))
+    assert int8_gemm.linear(x[:0], weight, 2).shape == (0, 48)
+
+
+def test_int8_bad_shapes_and_dtypes_are_refused(int8_gemm: NativeInt8Gemm) -> None:
+    x, w = _case(2, 48, 64)
+    with pytest.raises(ValueError, match="cannot quantize"):
+        int8_gemm.quantize(w[:40])  # n not a multiple of 16
+    with pytest.raises(ValueError, match="cannot quantize"):
+        int8_gemm.quantize(w[:, :60])  # k not a multiple of 16
+    with pytest.raises(ValueError, match="cannot quantize"):
+        int8_gemm.quantize(w.to(torch.int32))
+    weight = int8_gemm.quantize(w)
+    with pytest.raises(ValueError, match="bfloat16"):
+        int8_gemm.linear(x.float(), weight, 2)
+    with pytest.raises(ValueError, match="the weight 64"):
+        int8_gemm.linear(x[:, :32], weight, 2)
+    with pytest.raises(ValueError, match="unit column stride"):
+        int8_gemm.linear(x.t().contiguous().t(), weight, 2)
