@@ -4,11 +4,12 @@ helper, not a test): the in-process engine runs :mod:`bench.engine_throughput`'s
 charged its *exclusive* time (a call's time minus the timed calls inside it):
 
 =============  ==========================================================
-linears        every linear layer (the packed projections and the LM head)
+linears        every linear layer (the packed projections and the LM head; a gate/up
+               layer's native call with SiLU * up in its epilogue counts here)
 attention      the attention backend's ``write_kv`` and ``forward``
 norms          every RMSNorm (fused: residual add + RMSNorm)
 rope           the rotary tables and the rotation (fused: with the K/V write)
-mlp_act        the rest of the MLP (SiLU(gate) * up)
+mlp_act        the rest of the MLP (SiLU(gate) * up where it runs apart)
 layer_glue     the rest of the decoder layers (residual adds, views, reshapes)
 embed          the token embedding
 batch_build    the runner turning a batch into tensors (``ModelRunner.build``)
@@ -102,6 +103,9 @@ def instrumented(engine: LLMEngine, timer: PhaseTimer) -> Iterator[None]:
         phase = _module_phase(module)
         if phase is not None:
             put(module, "forward", phase)
+        if phase == "linears" and hasattr(module, "silu_mul"):
+            # a gate/up layer whose kernel also applies SiLU * up: charged as a linear
+            put(module, "silu_mul", "linears")
     for name in ("write_kv", "forward"):
         put(engine.runner.backend, name, "attention")
     put(engine.runner.rope, "tables", "rope")

@@ -40,9 +40,37 @@ log = logging.getLogger(__name__)
 SOURCE = native_build.SOURCE.with_name("cpu_gemm.cpp")
 
 
+def _check_rows(x: torch.Tensor) -> None:
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be bfloat16 [rows, k] with unit column stride, got "
+                         f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+
+
+def _aligned_int32(size: int) -> torch.Tensor:
+    raw = torch.empty(size + 16, dtype=torch.int32)  # room to align to 64 bytes
+    shift = (-raw.data_ptr() % 64) // 4
+    return raw[shift : shift + size]
+
+
+def _shape_ok(weight: torch.Tensor, k_multiple: int, paired: bool) -> bool:
+    """[n, k] on the CPU, n a multiple of 16, k of ``k_multiple``; ``paired``: n a
+    multiple of 128 (halves of whole 16-column vectors, and SiLU's width a multiple of 64,
+    where torch's SiLU runs its vector code throughout: cpu_fused.cpp's silu_mul)."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dim() == 2
+        and weight.shape[0] % (128 if paired else 16) == 0
+        and weight.shape[1] % k_multiple == 0
+    )
+
+
 @dataclass(frozen=True)
 class NativeGemm:
-    """The loaded library's entry points."""
+    """The loaded library's bfloat16 entry points.
+
+    ``paired`` packs a gate and up projection stacked as [2I, k] so that a call can also
+    return SiLU(gate) * up [rows, I] directly (:meth:`silu_mul`); its plain products are
+    the same as unpaired ones."""
 
     path: Path
     _packed_size: Callable[..., int]
@@ -50,62 +78,73 @@ class NativeGemm:
     _gemm: Callable[..., int]
 
     @staticmethod
-    def supports(weight: torch.Tensor) -> bool:
+    def supports(weight: torch.Tensor, paired: bool = False) -> bool:
         """Whether ``weight`` [n, k] can be packed: bfloat16 on the CPU, n a multiple of
-        16, k even."""
-        return (
-            weight.dtype == torch.bfloat16
-            and weight.device.type == "cpu"
-            and weight.dim() == 2
-            and weight.shape[0] % 16 == 0
-            and weight.shape[1] % 2 == 0
-        )
+        16 (128 paired), k even."""
+        return weight.dtype == torch.bfloat16 and _shape_ok(weight, 2, paired)
 
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+    def pack(self, weight: torch.Tensor, paired: bool = False) -> torch.Tensor:
         """The packed copy of ``weight`` [n, k] (:meth:`supports`), 64-byte aligned."""
-        if not self.supports(weight):
+        if not self.supports(weight, paired):
             raise ValueError(f"cannot pack a {weight.dtype} {tuple(weight.shape)} weight on "
-                             f"{weight.device}: bfloat16 [n, k] on the CPU, n % 16 == 0, "
-                             f"k even")  # fmt: skip
+                             f"{weight.device}: bfloat16 [n, k] on the CPU, n % "
+                             f"{128 if paired else 16} == 0, k even")  # fmt: skip
         n, k = weight.shape
         w = weight.detach().contiguous()
-        size = int(self._packed_size(n, k))
-        raw = torch.empty(size + 16, dtype=torch.int32)  # room to align to 64 bytes
-        shift = (-raw.data_ptr() % 64) // 4
-        packed = raw[shift : shift + size]
-        if self._pack(w.data_ptr(), n, k, packed.data_ptr()):
+        packed = _aligned_int32(int(self._packed_size(n, k)))
+        if self._pack(w.data_ptr(), n, k, int(paired), packed.data_ptr()):
             raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
         return packed
 
     def linear(
-        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        out_features: int,
+        threads: int,
+        paired: bool = False,
     ) -> torch.Tensor:
         """``x`` [rows, k] bfloat16 (rows contiguous in k) times the packed weight's
         transpose: [rows, out_features] bfloat16."""
-        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.stride(1) != 1:
-            raise ValueError(f"x must be bfloat16 [rows, k] with unit column stride, got "
-                             f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+        return self._call(x, packed, out_features, threads, paired, silu=False)
+
+    def silu_mul(
+        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int
+    ) -> torch.Tensor:
+        """SiLU(gate) * up of the product of ``x`` with a paired weight of
+        ``out_features`` rows (gate, then up): [rows, out_features / 2] bfloat16, what
+        :func:`engine.kernels.cpu_fused.silu_mul` gives from :meth:`linear`'s output."""
+        return self._call(x, packed, out_features, threads, paired=True, silu=True)
+
+    def _call(self, x: torch.Tensor, packed: torch.Tensor, n: int, threads: int, paired: bool,
+              silu: bool) -> torch.Tensor:  # fmt: skip
+        _check_rows(x)
         rows, k = x.shape
-        if packed.numel() != out_features * (k // 2):
+        if packed.numel() != n * (k // 2):
             raise ValueError(f"the packed weight holds {packed.numel()} pairs, not "
-                             f"{out_features} x {k // 2}")  # fmt: skip
-        out = torch.empty((rows, out_features), dtype=torch.bfloat16)
-        if rows and self._gemm(x.data_ptr(), x.stride(0), rows, packed.data_ptr(), out_features,
-                               k, out.data_ptr(), out_features, threads):  # fmt: skip
-            raise ValueError(f"the library refused a [{rows}, {k}] x [{out_features}, {k}] product")
+                             f"{n} x {k // 2}")  # fmt: skip
+        width = n // 2 if silu else n
+        out = torch.empty((rows, width), dtype=torch.bfloat16)
+        if rows and self._gemm(x.data_ptr(), x.stride(0), rows, packed.data_ptr(), n, k,
+                               int(paired), int(silu), out.data_ptr(), width,
+                               threads):  # fmt: skip
+            raise ValueError(f"the library refused a [{rows}, {k}] x [{n}, {k}] product"
+                             + (" (paired)" if paired else ""))  # fmt: skip
         return out
 
 
 @dataclass(frozen=True)
 class Int8Weight:
     """A weight [n, k] quantized per output channel (symmetric: ``scale = max |w| / 127``
-    of its row) and packed for :meth:`NativeInt8Gemm.linear`."""
+    of its row) and packed for :meth:`NativeInt8Gemm.linear`; ``paired`` as
+    :class:`NativeGemm`'s."""
 
     packed: torch.Tensor  # int32, the panels
     col_scale: torch.Tensor  # float32 [n]
     comp: torch.Tensor  # int32 [n]: 128 x each column's int8 weight sum
     out_features: int
     in_features: int
+    paired: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,53 +157,55 @@ class NativeInt8Gemm:
     _gemm: Callable[..., int]
 
     @staticmethod
-    def supports(weight: torch.Tensor) -> bool:
+    def supports(weight: torch.Tensor, paired: bool = False) -> bool:
         """Whether ``weight`` [n, k] can be quantized and packed: a floating CPU tensor,
-        n and k multiples of 16."""
-        return (
-            weight.dtype.is_floating_point
-            and weight.device.type == "cpu"
-            and weight.dim() == 2
-            and weight.shape[0] % 16 == 0
-            and weight.shape[1] % 16 == 0
-        )
+        n a multiple of 16 (128 paired), k of 16."""
+        return weight.dtype.is_floating_point and _shape_ok(weight, 16, paired)
 
-    def quantize(self, weight: torch.Tensor) -> Int8Weight:
+    def quantize(self, weight: torch.Tensor, paired: bool = False) -> Int8Weight:
         """``weight`` [n, k] (:meth:`supports`) as per-channel int8, packed."""
-        if not self.supports(weight):
+        if not self.supports(weight, paired):
             raise ValueError(f"cannot quantize a {weight.dtype} {tuple(weight.shape)} weight on "
-                             f"{weight.device}: floating [n, k] on the CPU, n and k multiples "
-                             f"of 16")  # fmt: skip
+                             f"{weight.device}: floating [n, k] on the CPU, n a multiple of "
+                             f"{128 if paired else 16}, k of 16")  # fmt: skip
         n, k = weight.shape
         w = weight.detach().float()
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
         q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-        raw = torch.empty(n * k // 4 + 16, dtype=torch.int32)  # room to align to 64 bytes
-        shift = (-raw.data_ptr() % 64) // 4
-        packed = raw[shift : shift + n * k // 4]
+        packed = _aligned_int32(n * k // 4)
         comp = torch.empty(n, dtype=torch.int32)
-        if self._pack(q.data_ptr(), n, k, packed.data_ptr(), comp.data_ptr()):
+        if self._pack(q.data_ptr(), n, k, int(paired), packed.data_ptr(), comp.data_ptr()):
             raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
-        return Int8Weight(packed, scale.contiguous(), comp, n, k)
+        return Int8Weight(packed, scale.contiguous(), comp, n, k, paired)
 
     def linear(self, x: torch.Tensor, weight: Int8Weight, threads: int) -> torch.Tensor:
         """``x`` [rows, k] bfloat16 (rows contiguous in k) times the weight's transpose:
         [rows, out_features] bfloat16."""
-        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.stride(1) != 1:
-            raise ValueError(f"x must be bfloat16 [rows, k] with unit column stride, got "
-                             f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+        return self._call(x, weight, threads, silu=False)
+
+    def silu_mul(self, x: torch.Tensor, weight: Int8Weight, threads: int) -> torch.Tensor:
+        """SiLU(gate) * up of the product of ``x`` with a paired weight (gate, then up):
+        [rows, out_features / 2] bfloat16, what :func:`engine.kernels.cpu_fused.silu_mul`
+        gives from :meth:`linear`'s output."""
+        if not weight.paired:
+            raise ValueError("silu_mul needs a weight quantized with paired=True")
+        return self._call(x, weight, threads, silu=True)
+
+    def _call(self, x: torch.Tensor, weight: Int8Weight, threads: int, silu: bool) -> torch.Tensor:
+        _check_rows(x)
         rows, k = x.shape
         if k != weight.in_features:
             raise ValueError(f"x has {k} features, the weight {weight.in_features}")
         n = weight.out_features
-        out = torch.empty((rows, n), dtype=torch.bfloat16)
+        width = n // 2 if silu else n
+        out = torch.empty((rows, width), dtype=torch.bfloat16)
         if rows:
             scratch = torch.empty(rows * k, dtype=torch.uint8)
             row_scale = torch.empty(rows, dtype=torch.float32)
             if self._gemm(x.data_ptr(), x.stride(0), rows, weight.packed.data_ptr(),
                           weight.col_scale.data_ptr(), weight.comp.data_ptr(), n, k,
-                          out.data_ptr(), n, scratch.data_ptr(), row_scale.data_ptr(),
-                          threads):  # fmt: skip
+                          int(weight.paired), int(silu), out.data_ptr(), width,
+                          scratch.data_ptr(), row_scale.data_ptr(), threads):  # fmt: skip
                 raise ValueError(f"the library refused a [{rows}, {k}] x [{n}, {k}] int8 product")
         return out
 
@@ -174,7 +215,7 @@ def load_gemm(cache_dir: Path) -> NativeGemm:
     """Build or load the library; memoised per process. RuntimeError or OSError where it
     cannot be built or loaded here; RuntimeError where it was built without the kernel
     (no AVX512-BF16)."""
-    path = native_build.build(cache_dir, SOURCE, native_build.ATTENTION_FLAGS)
+    path = native_build.build(cache_dir, SOURCE, native_build.GEMM_FLAGS)
 
     lib = ctypes.CDLL(str(path))
     if not lib.kvt_gemm_available():
@@ -183,10 +224,11 @@ def load_gemm(cache_dir: Path) -> NativeGemm:
     size = lib.kvt_gemm_packed_size
     size.argtypes, size.restype = [i32, i32], i64
     pack = lib.kvt_gemm_pack
-    pack.argtypes, pack.restype = [ptr, i32, i32, ptr], i32
+    pack.argtypes, pack.restype = [ptr, i32, i32, i32, ptr], i32  # w, n, k, paired, packed
     gemm = lib.kvt_gemm
-    # x, its row stride, rows, packed, n, k, out, its row stride, threads
-    gemm.argtypes, gemm.restype = [ptr, i64, i32, ptr, i32, i32, ptr, i64, i32], i32
+    # x, its row stride, rows, packed, n, k, paired, silu, out, its row stride, threads
+    gemm.argtypes = [ptr, i64, i32, ptr, i32, i32, i32, i32, ptr, i64, i32]
+    gemm.restype = i32
     return NativeGemm(path, size, pack, gemm)
 
 
@@ -195,17 +237,17 @@ def load_int8_gemm(cache_dir: Path) -> NativeInt8Gemm:
     """Build or load the library (the same one as :func:`load_gemm`); memoised per
     process. RuntimeError or OSError where it cannot be built or loaded here, or was built
     without the int8 kernel (no AVX512-VNNI or -BF16)."""
-    path = native_build.build(cache_dir, SOURCE, native_build.ATTENTION_FLAGS)
+    path = native_build.build(cache_dir, SOURCE, native_build.GEMM_FLAGS)
     lib = ctypes.CDLL(str(path))
     if not lib.kvt_gemm_i8_available():
         raise RuntimeError("the CPU lacks AVX512-VNNI or AVX512-BF16")
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
     pack = lib.kvt_gemm_i8_pack
-    pack.argtypes, pack.restype = [ptr, i32, i32, ptr, ptr], i32
+    pack.argtypes, pack.restype = [ptr, i32, i32, i32, ptr, ptr], i32  # w, n, k, paired, ..
     gemm = lib.kvt_gemm_i8
-    # x, its row stride, rows, packed, col_scale, comp, n, k, out, its row stride,
-    # scratch, row_scale, threads
-    gemm.argtypes = [ptr, i64, i32, ptr, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32]
+    # x, its row stride, rows, packed, col_scale, comp, n, k, paired, silu, out, its row
+    # stride, scratch, row_scale, threads
+    gemm.argtypes = [ptr, i64, i32, ptr, ptr, ptr, i32, i32, i32, i32, ptr, i64, ptr, ptr, i32]
     gemm.restype = i32
     return NativeInt8Gemm(path, pack, gemm)
 

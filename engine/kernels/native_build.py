@@ -41,6 +41,7 @@ FUSED_FLAGS = ("-ffp-contract=off",)
 # The attention launchers run their items on OpenMP threads: torch's own runtime, since
 # the library's libgomp.so.1 resolves to the copy torch has loaded (cpu_attention.cpp).
 ATTENTION_FLAGS = ("-fopenmp",)
+GEMM_FLAGS = ("-fopenmp", "-ffp-contract=off")  # its SiLU epilogue rounds as torch does
 REQUIRED_CPU_FLAGS = frozenset({"avx512f"})
 log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128)  # the head sizes the library is built for
@@ -93,8 +94,10 @@ class NativeLibrary:
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(flags).encode(), version.stdout.encode(),
-                 " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
+    # the headers beside the source (the kernels' shared helpers) are part of the build
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, " ".join(flags).encode(),
+                 version.stdout.encode(), " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm
+from engine.model.packed_linear import PAIRED
 
 
 def int8_available() -> bool:
@@ -101,7 +102,12 @@ class NativeInt8Linear(nn.Linear):
     quantized: Int8Weight
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, gemm: NativeInt8Gemm) -> NativeInt8Linear:
+    def from_linear(
+        cls, linear: nn.Linear, gemm: NativeInt8Gemm, paired: bool = False
+    ) -> NativeInt8Linear:
+        """``paired``: the weight stacks a gate and an up projection (gate rows first),
+        packed so :meth:`silu_mul` runs fused (where the shape allows; the products are
+        the same)."""
         if not gemm.supports(linear.weight):
             w = linear.weight
             raise ValueError(f"the native int8 kernel cannot take a {w.dtype} "
@@ -113,7 +119,8 @@ class NativeInt8Linear(nn.Linear):
         layer.bias = linear.bias
         layer.gemm = gemm
         with torch.no_grad():
-            layer.quantized = gemm.quantize(linear.weight)
+            paired = paired and gemm.supports(linear.weight, paired=True)
+            layer.quantized = gemm.quantize(linear.weight, paired)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,8 +132,20 @@ class NativeInt8Linear(nn.Linear):
             out = out + self.bias.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """SiLU(gate) * up of this stacked gate/up layer's product with ``x`` [rows,
+        in_features], computed inside the kernel; None where it cannot (not paired, a
+        bias, not bfloat16 rows)."""
+        if not self.quantized.paired or self.bias is not None or x.dim() != 2:
+            return None
+        if x.dtype != torch.bfloat16:
+            return None
+        rows = x if x.stride(1) == 1 else x.contiguous()
+        return self.gemm.silu_mul(rows, self.quantized, torch.get_num_threads())
+
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, int8=native per-row"
+        paired = ", gate/up paired" if self.quantized.paired else ""
+        return f"{super().extra_repr()}, int8=native per-row{paired}"
 
 
 INT8_LINEARS = (Int8DynamicLinear, NativeInt8Linear)
@@ -157,7 +176,8 @@ def quantize_linears(
             if name in (keep if keep is not None else frozenset() if native else KEEP):
                 continue
             if native is not None:
-                setattr(parent, name, NativeInt8Linear.from_linear(child, native))
+                paired = name in PAIRED  # gate rows, then up: SiLU * up fused
+                setattr(parent, name, NativeInt8Linear.from_linear(child, native, paired))
             else:
                 setattr(parent, name, Int8DynamicLinear.from_linear(child))
             replaced += 1

@@ -17,7 +17,9 @@ On CPU, where the native kernels build (AVX-512), the runner passes them to
 :meth:`LlamaForCausalLM.forward` (``fused``), which then runs the same computation with
 the small ops fused (:mod:`engine.kernels.cpu_fused`): per layer 4 matmuls, attention
 and 4 fused calls (RoPE + K/V write, residual add + RMSNorm twice, SiLU * up) instead
-of ~30 torch ops, with the eager ops' results bit for bit.
+of ~30 torch ops, with the eager ops' results bit for bit. Where the gate/up projection
+runs on a native GEMM kernel packed as pairs, SiLU * up runs in that kernel's epilogue
+(the same values, without writing and re-reading the 2 x 1,536-wide product).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from engine.kernels.cpu_fused import (
     silu_mul,
 )
 from engine.model.config import LlamaConfig
+from engine.model.int8_linear import NativeInt8Linear
+from engine.model.packed_linear import PackedLinear
 from engine.model.rope import RotaryEmbedding, rotate
 
 # Stacked projection -> the checkpoint projections it holds, in row order.
@@ -48,6 +52,10 @@ STACKED: dict[str, tuple[str, ...]] = {
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, head_dim]
+
+
+# Gate/up layers that may compute SiLU(gate) * up themselves (their ``silu_mul``).
+FUSED_SWIGLU = (PackedLinear, NativeInt8Linear)
 
 
 @dataclass
@@ -247,7 +255,10 @@ class LlamaForCausalLM(nn.Module):
             o = backend.forward(q, cache[0], cache[1], meta, attn.scale)
             post = layer.post_attention_layernorm
             add_rmsnorm(kernels, attn.o_proj(o.reshape(t, -1)), h, post.weight, post.eps, x)
-            act = silu_mul(kernels, mlp.gate_up_proj(x))
+            gate_up = mlp.gate_up_proj  # SiLU * up inside its native kernel where it can
+            act = gate_up.silu_mul(x) if isinstance(gate_up, FUSED_SWIGLU) else None
+            if act is None:
+                act = silu_mul(kernels, gate_up(x))
             norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             add_rmsnorm(kernels, mlp.down_proj(act), h, norm.weight, norm.eps, x)
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from engine.kernels.cpu_gemm import NativeGemm
-from engine.model.packed_linear import PackedLinear
+from engine.model.packed_linear import PAIRED, PackedLinear
 from engine.timing import interleaved_best
 
 log = logging.getLogger(__name__)
@@ -62,12 +62,14 @@ def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
 
 def use_native_linears(model: nn.Module, gemm: NativeGemm, max_rows: int) -> int:
     """Every :class:`PackedLinear` of ``model`` that ``gemm`` can take multiplies calls of
-    up to ``max_rows`` rows on it; the number taken."""
+    up to ``max_rows`` rows on it, stacked gate/up projections (:data:`PAIRED`) packed
+    as pairs (their SiLU * up fused into the kernel); the number taken."""
     taken = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, PackedLinear) and module.can_use_native(gemm):
             # every call native: oneDNN's copy of the weight is dead memory (~270 MB for
             # SmolLM2-135M in bfloat16)
-            module.use_native(gemm, max_rows, keep_onednn=max_rows < ALL_ROWS)
+            module.use_native(gemm, max_rows, keep_onednn=max_rows < ALL_ROWS,
+                              paired=name.rpartition(".")[2] in PAIRED)  # fmt: skip
             taken += 1
     return taken

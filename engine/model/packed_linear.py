@@ -79,16 +79,29 @@ import torch
 from torch import nn
 
 PackKind = Literal["onednn", "mkl"]
+# Layers (by attribute name) that stack a gate and an up projection, gate rows first
+# (engine.model.llama's LlamaMLP.gate_up_proj): the native kernels pack them as pairs
+# and can return SiLU(gate) * up directly.
+PAIRED = frozenset({"gate_up_proj"})
 
 
 class NativeGemm(Protocol):
     """A native bfloat16 linear kernel (:class:`engine.kernels.cpu_gemm.NativeGemm`)."""
 
-    def supports(self, weight: torch.Tensor) -> bool: ...
+    def supports(self, weight: torch.Tensor, paired: bool = False) -> bool: ...
 
-    def pack(self, weight: torch.Tensor) -> torch.Tensor: ...
+    def pack(self, weight: torch.Tensor, paired: bool = False) -> torch.Tensor: ...
 
     def linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        out_features: int,
+        threads: int,
+        paired: bool = False,
+    ) -> torch.Tensor: ...
+
+    def silu_mul(
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int
     ) -> torch.Tensor: ...
 
@@ -161,6 +174,7 @@ class PackedLinear(nn.Linear):
     native: NativeGemm | None = None
     native_packed: torch.Tensor | None = None
     native_max_rows: int = 0
+    native_paired: bool = False  # packed as a gate/up pair: silu_mul can run fused
 
     @classmethod
     def from_linear(
@@ -222,7 +236,7 @@ class PackedLinear(nn.Linear):
         ):
             rows = rows if rows.stride(1) == 1 else rows.contiguous()
             out = self.native.linear(rows, self.native_packed, self.out_features,
-                                     torch.get_num_threads())  # fmt: skip
+                                     torch.get_num_threads(), self.native_paired)  # fmt: skip
             return out.view(*x.shape[:-1], self.out_features)
         if self.packed.numel() == 0:  # use_native dropped the oneDNN copy: not bfloat16 rows
             return super().forward(x)
@@ -238,6 +252,25 @@ class PackedLinear(nn.Linear):
             out = out.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """SiLU(gate) * up of this stacked gate/up layer's product with ``x`` [rows,
+        in_features] (its output's halves), computed inside the native kernel without
+        the [rows, out_features] product; None where this call does not run there (not
+        paired, too many rows, not bfloat16)."""
+        if (
+            self.native is None
+            or self.native_packed is None
+            or not self.native_paired
+            or x.dim() != 2
+            or x.shape[0] > self.native_max_rows
+            or x.dtype != torch.bfloat16
+            or (torch.is_grad_enabled() and self.weight.requires_grad)
+        ):
+            return None
+        rows = x if x.stride(1) == 1 else x.contiguous()
+        return self.native.silu_mul(rows, self.native_packed, self.out_features,
+                                    torch.get_num_threads())  # fmt: skip
+
     def can_use_native(self, gemm: NativeGemm) -> bool:
         """Whether :meth:`use_native` takes this layer: a bfloat16 product without bias
         of a weight ``gemm`` can pack."""
@@ -247,15 +280,20 @@ class PackedLinear(nn.Linear):
             and gemm.supports(self.weight)
         )
 
-    def use_native(self, gemm: NativeGemm, max_rows: int, keep_onednn: bool = True) -> None:
+    def use_native(
+        self, gemm: NativeGemm, max_rows: int, keep_onednn: bool = True, paired: bool = False
+    ) -> None:
         """Multiply calls of up to ``max_rows`` rows on ``gemm`` (:meth:`can_use_native`);
         without ``keep_onednn`` (every call native) the oneDNN copy is freed, and a call
-        that is not bfloat16 runs ``F.linear``."""
+        that is not bfloat16 runs ``F.linear``. ``paired``: the weight stacks a gate and
+        an up projection (gate rows, then up rows), packed so :meth:`silu_mul` runs fused
+        where the kernel takes it (same products otherwise)."""
+        paired = paired and gemm.supports(self.weight, paired=True)
         if not self.can_use_native(gemm):
             raise ValueError(f"{self.extra_repr()}: not a bfloat16 layer without bias that "
                              f"the native kernel can pack")  # fmt: skip
-        self.native_packed = gemm.pack(self.weight)
-        self.native, self.native_max_rows = gemm, max_rows
+        self.native_packed = gemm.pack(self.weight, paired)
+        self.native, self.native_max_rows, self.native_paired = gemm, max_rows, paired
         if not keep_onednn:
             self.packed = torch.empty(0, dtype=self.weight.dtype)
 

@@ -26,7 +26,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_simd.h"
+
 namespace {
+
+using kvt_simd::exp16;
+using kvt_simd::round_bf16;
 
 // ---- bfloat16 <-> float32, 16 lanes (c10::BFloat16's round to nearest even) ----
 inline __m512 widen(const uint16_t* p, __mmask16 m) {
@@ -35,15 +40,6 @@ inline __m512 widen(const uint16_t* p, __mmask16 m) {
 }
 inline __m512 widen(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 
-inline __m512 round_bf16(__m512 x) {  // float32 -> nearest bfloat16, as a float32
-    __m512i u = _mm512_castps_si512(x);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-    r = _mm512_and_si512(r, _mm512_set1_epi32(int(0xFFFF0000u)));
-    __mmask16 ordered = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);
-    return _mm512_mask_blend_ps(ordered, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)),
-                                _mm512_castsi512_ps(r));
-}
 inline __m512 round_to(const uint16_t*, __m512 x) { return round_bf16(x); }
 inline __m512 round_to(const float*, __m512 x) { return x; }
 
@@ -54,33 +50,6 @@ inline void store(uint16_t* p, __m512 x, __mmask16 m) {  // x already rounded
 inline void store(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
 
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-
-// e^x exactly as torch computes it on AVX-512 (Vectorized<float>::exp is SLEEF's
-// expf u10, sleefsimdsp.c xexpf): Cody-Waite reduction by ln 2, a degree-6 polynomial in
-// FMAs, the scaling in two exact halves; 0 below -104, +inf above 100.
-inline __m512 exp16(__m512 d) {
-    const __m512i q = _mm512_cvt_roundps_epi32(
-        _mm512_mul_ps(d, _mm512_set1_ps(1.442695040888963407359924681001892137426645954152985934135449406931f)),
-        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 qf = _mm512_cvtepi32_ps(q);
-    __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0.693145751953125f), d);
-    s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-1.428606765330187045e-06f), s);
-    __m512 u = _mm512_set1_ps(0.000198527617612853646278381f);
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00139304355252534151077271f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00833336077630519866943359f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.0416664853692054748535156f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.166666671633720397949219f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.5f));
-    u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
-    const __m512i half = _mm512_srai_epi32(q, 1);  // u * 2^(q/2) * 2^(q - q/2)
-    auto pow2 = [](__m512i e) {
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(0x7f)), 23));
-    };
-    u = _mm512_mul_ps(_mm512_mul_ps(u, pow2(half)), pow2(_mm512_sub_epi32(q, half)));
-    u = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_NLT_US), u);
-    return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), d, _CMP_LT_OQ),
-                              _mm512_set1_ps(INFINITY));
-}
 
 // The float32 sum of squares of a row of n (>= 8) elements in the order of torch's float
 // sum over a contiguous row (aten/src/ATen/native/cpu/SumKernel.cpp: vectorized_inner_sum

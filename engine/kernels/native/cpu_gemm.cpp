@@ -1,41 +1,139 @@
-// bfloat16 linear layers on AVX512-BF16 dot products (engine.kernels.cpu_gemm): out = x W^T
-// for x [m, k] and W [n, k], both bfloat16, products summed in float32 by vdpbf16ps and the
-// sums rounded to bfloat16 (round to nearest even), as oneDNN's bfloat16 matmul rounds.
+// Linear layers on AVX-512 dot products (engine.kernels.cpu_gemm): out = x W^T for x
+// [m, k] bfloat16 and W [n, k], either
 //
-// The weight is packed once into panels of NR 16-column vectors: panel p holds, for each
-// pair of input values q (k / 2 of them), NR vectors of 16 columns' (W[c][2q], W[c][2q+1])
-// pairs, the operand layout of vdpbf16ps. A micro-kernel keeps MR x NR float32 sums in
-// registers and, per pair q, loads the panel's NR vectors once for MR rows (each row's pair
-// broadcast from x). Threads split the panels (a panel, 55-150 KB at SmolLM2's widths,
-// stays in L2 while every row passes it).
+//   * bfloat16 (kvt_gemm): products summed in float32 by vdpbf16ps, or
+//   * int8 per output channel (kvt_gemm_i8): each input row quantized to int8 with its
+//     own scale (max |x| / 127) inside the call, products summed exactly in int32 by
+//     vpdpbusd (64 multiply-adds an instruction, vdpbf16ps's 32, at the same rate), the
+//     sums scaled by row scale x column scale;
 //
-// Why: on a Zen 4 EPYC (AVX512-BF16, no AMX) torch's oneDNN bfloat16 matmul, packed weights
-// and all, ran SmolLM2-135M's projections at 165-290 GFLOP/s on 16-64 rows (a fixed ~30 us
-// a call on a 576 x 576 weight); this kernel, same run, 290-410: 1.2-1.9x faster at 16
-// rows, 1.07-1.33x at 64, 1.05-1.19x at 512 (bench/cpu_gemm.py). Where oneDNN has AMX it
-// multiplies far faster on large batches; the engine races the two at start-up
+// the float32 sums rounded to bfloat16 (round to nearest even, as oneDNN rounds).
+//
+// The weight is packed once into panels of up to NR 16-column vectors: panel p holds, for
+// each unit of input values (a pair for bfloat16, a quad for int8), its vectors' 16
+// columns' units, the operand layout of the dot-product instruction. A micro-kernel keeps
+// R x V float32 / int32 sums in registers and, per unit, loads the panel's V vectors once
+// for R rows (each row's unit broadcast from x). Threads split the panels (a panel, 28-150
+// KB at SmolLM2's widths, stays near the core while every row passes it). A row's sums run
+// over its inputs in one order whatever rows share the call: results are batch-invariant.
+//
+// Two layouts: "plain" (panel p: vectors NR*p, NR*p+1, ...) and "paired", for a gate and
+// up projection stacked as [2I, k]: panel p holds gate columns 16p.. and up columns
+// I+16p.., so one panel has both halves of 16 SwiGLU outputs and the epilogue can write
+// bf(bf(g / (1 + exp(-g))) * u) (g and u the bfloat16-rounded sums) instead of the
+// 2I-wide product: exactly what engine/kernels/native/cpu_fused.cpp's silu_mul computes
+// from the stored product, without writing and re-reading it.
+//
+// Why: on a Zen 4 EPYC (AVX512-BF16/VNNI, no AMX) torch's oneDNN bfloat16 matmul ran
+// SmolLM2-135M's projections at 165-290 GFLOP/s on 16-64 rows; the bfloat16 kernel,
+// same run, 290-410, and the int8 one 620-830 GOP/s (bench/cpu_gemm.py). Where oneDNN has
+// AMX it multiplies far faster on large batches; the engine races the two at start-up
 // (engine.model.native_linear).
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_simd.h"
+
 namespace {
 
-constexpr int MR = 8;  // rows a micro-kernel keeps (MR x NR sums + NR weights in registers)
-constexpr int NR = 3;  // 16-column vectors a panel holds (48 columns)
+constexpr int NR = 3;  // 16-column vectors a plain panel holds (48 columns)
+
+// Rows a micro-kernel keeps: R x V sums + V weights + a broadcast in 32 registers.
+template <int V>
+constexpr int rows_for() {
+    return V == 2 ? 12 : 8;
+}
+
+// A panel: its packed data, its vectors and where each sits among the output columns.
+struct Panel {
+    const uint32_t* data;
+    int vectors;
+    int64_t col[NR];
+};
+
+inline int panel_count(int vectors, bool paired) { return paired ? vectors / 2 : (vectors + NR - 1) / NR; }
+
+// Panel p of a weight of ``vectors`` 16-column vectors, ``units`` units deep.
+inline Panel panel_of(const uint32_t* packed, int p, int vectors, int units, bool paired) {
+    Panel pn{};
+    if (paired) {
+        pn.data = packed + int64_t(p) * 2 * 16 * units;
+        pn.vectors = 2;
+        pn.col[0] = int64_t(p) * 16;                    // gate
+        pn.col[1] = int64_t(vectors / 2 + p) * 16;      // up
+    } else {
+        pn.data = packed + int64_t(p) * NR * 16 * units;
+        pn.vectors = vectors - p * NR < NR ? vectors - p * NR : NR;
+        for (int v = 0; v < pn.vectors; v++) pn.col[v] = int64_t(p * NR + v) * 16;
+    }
+    return pn;
+}
+
+// Lays out n columns' units (fetch(column, unit)) panel by panel.
+template <typename Fetch>
+void pack_layout(int n, int units, bool paired, uint32_t* dst, Fetch fetch) {
+    const int vectors = n / 16;
+    for (int p = 0; p < panel_count(vectors, paired); p++) {
+        const Panel pn = panel_of(nullptr, p, vectors, units, paired);
+        for (int q = 0; q < units; q++)
+            for (int v = 0; v < pn.vectors; v++)
+                for (int l = 0; l < 16; l++) *dst++ = fetch(pn.col[v] + l, q);
+    }
+}
+
+inline bool packable(int n, int k, int k_multiple, bool paired) {
+    return n > 0 && k > 0 && n % (paired ? 32 : 16) == 0 && k % k_multiple == 0;
+}
+
+// ---- epilogues: what a micro-kernel does with a row's V float32 sum vectors ----
+
+inline __m256i to_bf16(__m512 y) { return (__m256i)_mm512_cvtneps_pbh(y); }
+
+// Each vector to its own output columns.
+struct Plain {
+    uint16_t* out;
+    int64_t ldo;
+    template <int V>
+    void operator()(int r, const __m512 (&y)[V], const int64_t* col) const {
+        for (int v = 0; v < V; v++)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + col[v]), to_bf16(y[v]));
+    }
+};
+
+// A paired panel's gate and up sums to SiLU(gate) * up at the gate's columns of an
+// [m, I] output, rounding where the stored product and cpu_fused.cpp's silu_mul round.
+struct SiluMul {
+    uint16_t* out;
+    int64_t ldo;
+    template <int V>
+    void operator()(int r, const __m512 (&y)[V], const int64_t* col) const {
+        if constexpr (V == 2) {
+            auto widen = [](__m256i b) {
+                return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+            };
+            const __m512 g = widen(to_bf16(y[0])), u = widen(to_bf16(y[1]));
+            const __m512 e = kvt_simd::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            const __m512 act = kvt_simd::round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+            const __m512 o = kvt_simd::round_bf16(_mm512_mul_ps(act, u));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + col[0]),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(o), 16)));
+        }
+    }
+};
 
 #ifdef __AVX512BF16__
-template <int R, int V>
-inline void micro(const uint16_t* x, int64_t ldx, const uint32_t* panel, int pairs, int stride,
-                  uint16_t* out, int64_t ldo) {
+// Rows r0 .. r0 + R - 1 of x (x points at row r0) against one panel of V vectors.
+template <int R, int V, typename Epi>
+inline void micro(const uint16_t* x, int64_t ldx, const Panel& pn, int pairs, int r0, const Epi& epi) {
     __m512 acc[R][V];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) acc[r][v] = _mm512_setzero_ps();
     for (int q = 0; q < pairs; q++) {
         __m512bh w[V];
         for (int v = 0; v < V; v++)
-            w[v] = (__m512bh)_mm512_load_si512(panel + (int64_t(q) * stride + v) * 16);
+            w[v] = (__m512bh)_mm512_load_si512(pn.data + (int64_t(q) * V + v) * 16);
         for (int r = 0; r < R; r++) {
             uint32_t pair;
             memcpy(&pair, x + r * ldx + 2 * q, sizeof(pair));
@@ -43,35 +141,42 @@ inline void micro(const uint16_t* x, int64_t ldx, const uint32_t* panel, int pai
             for (int v = 0; v < V; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, w[v]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < V; v++)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 16 * v),
-                                (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
+    for (int r = 0; r < R; r++) epi(r0 + r, acc[r], pn.col);
 }
 
 // All m rows against one panel of V vectors.
-template <int V>
-void panel_rows(const uint16_t* x, int64_t ldx, int m, const uint32_t* panel, int pairs,
-                uint16_t* out, int64_t ldo) {
+template <int V, typename Epi>
+void panel_rows(const uint16_t* x, int64_t ldx, int m, const Panel& pn, int pairs, const Epi& epi) {
+    constexpr int MR = rows_for<V>();
     int r = 0;
-    for (; r + MR <= m; r += MR) micro<MR, V>(x + r * ldx, ldx, panel, pairs, V, out + r * ldo, ldo);
+    for (; r + MR <= m; r += MR) micro<MR, V>(x + r * ldx, ldx, pn, pairs, r, epi);
     x += r * ldx;
-    out += r * ldo;
     switch (m - r) {
-#define KVT_R(k) case k: micro<k, V>(x, ldx, panel, pairs, V, out, ldo); break;
-        KVT_R(1) KVT_R(2) KVT_R(3) KVT_R(4) KVT_R(5) KVT_R(6) KVT_R(7)
+#define KVT_R(k) case k: if constexpr (k < MR) micro<k, V>(x, ldx, pn, pairs, r, epi); break;
+        KVT_R(1) KVT_R(2) KVT_R(3) KVT_R(4) KVT_R(5) KVT_R(6) KVT_R(7) KVT_R(8) KVT_R(9)
+        KVT_R(10) KVT_R(11)
 #undef KVT_R
         default: break;
+    }
+}
+
+template <typename Epi>
+void gemm_bf16(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int n, int pairs,
+               bool paired, const Epi& epi, int threads) {
+    const int vectors = n / 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int p = 0; p < panel_count(vectors, paired); p++) {
+        const Panel pn = panel_of(packed, p, vectors, pairs, paired);
+        switch (pn.vectors) {
+            case 1: panel_rows<1>(x, ldx, m, pn, pairs, epi); break;
+            case 2: panel_rows<2>(x, ldx, m, pn, pairs, epi); break;
+            default: panel_rows<NR>(x, ldx, m, pn, pairs, epi); break;
+        }
     }
 }
 #endif
 
 #ifdef __AVX512VNNI__
-// Int8 products (kvt_gemm_i8): MR x NR int32 sums; per quad q (4 input values) the panel's
-// NR vectors hold 16 columns' 4 int8 weights each, every row's 4 uint8 inputs are broadcast
-// and vpdpbusd adds the 4 products into each column's int32 sum (exact: |sum| < 2^31 for
-// k < 2^16). The epilogue removes the inputs' +128 offset (comp = 128 x the column's weight
-// sum), scales by row scale x column scale and rounds to bfloat16.
 // acc + the 4-byte dot products of a (uint8) and w (int8). Inline assembly, not
 // _mm512_dpbusd_epi32: GCC 12 keeps the intrinsic's 24 accumulators on the stack (a store
 // after every vpdpbusd); with the plain register operand they stay in registers.
@@ -80,16 +185,18 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i w) {
     return acc;
 }
 
-template <int R, int V>
-inline void micro_i8(const uint8_t* x, int64_t ldx, const uint32_t* panel, int quads,
-                     const float* row_scale, const float* col_scale, const int32_t* comp,
-                     uint16_t* out, int64_t ldo) {
+// The int8 sums (inputs offset by +128, so comp = 128 x a column's weight sum comes off)
+// scaled by row scale x column scale.
+template <int R, int V, typename Epi>
+inline void micro_i8(const uint8_t* x, int64_t ldx, const Panel& pn, int quads,
+                     const float* row_scale, const float* col_scale, const int32_t* comp, int r0,
+                     const Epi& epi) {
     __m512i acc[R][V];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < V; v++) acc[r][v] = _mm512_setzero_si512();
     for (int q = 0; q < quads; q++) {
         __m512i w[V];
-        for (int v = 0; v < V; v++) w[v] = _mm512_load_si512(panel + (int64_t(q) * V + v) * 16);
+        for (int v = 0; v < V; v++) w[v] = _mm512_load_si512(pn.data + (int64_t(q) * V + v) * 16);
         for (int r = 0; r < R; r++) {
             uint32_t quad;
             memcpy(&quad, x + r * ldx + 4 * q, sizeof(quad));
@@ -97,32 +204,31 @@ inline void micro_i8(const uint8_t* x, int64_t ldx, const uint32_t* panel, int q
             for (int v = 0; v < V; v++) acc[r][v] = dpbusd(acc[r][v], a, w[v]);
         }
     }
-    for (int v = 0; v < V; v++) {
-        const __m512i c = _mm512_loadu_si512(comp + 16 * v);
-        const __m512 s = _mm512_loadu_ps(col_scale + 16 * v);
-        for (int r = 0; r < R; r++) {
-            const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], c));
-            const __m512 y = _mm512_mul_ps(sum, _mm512_mul_ps(s, _mm512_set1_ps(row_scale[r])));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 16 * v),
-                                (__m256i)_mm512_cvtneps_pbh(y));
+    for (int r = 0; r < R; r++) {
+        __m512 y[V];
+        const __m512 rs = _mm512_set1_ps(row_scale[r]);
+        for (int v = 0; v < V; v++) {
+            const __m512i c = _mm512_loadu_si512(comp + pn.col[v]);
+            const __m512 s = _mm512_loadu_ps(col_scale + pn.col[v]);
+            y[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], c)), _mm512_mul_ps(s, rs));
         }
+        epi(r0 + r, y, pn.col);
     }
 }
 
-template <int V>
-void panel_rows_i8(const uint8_t* x, int64_t ldx, int m, const uint32_t* panel, int quads,
-                   const float* row_scale, const float* col_scale, const int32_t* comp,
-                   uint16_t* out, int64_t ldo) {
+template <int V, typename Epi>
+void panel_rows_i8(const uint8_t* x, int64_t ldx, int m, const Panel& pn, int quads,
+                   const float* row_scale, const float* col_scale, const int32_t* comp, const Epi& epi) {
+    constexpr int MR = rows_for<V>();
     int r = 0;
     for (; r + MR <= m; r += MR)
-        micro_i8<MR, V>(x + r * ldx, ldx, panel, quads, row_scale + r, col_scale, comp,
-                        out + r * ldo, ldo);
+        micro_i8<MR, V>(x + r * ldx, ldx, pn, quads, row_scale + r, col_scale, comp, r, epi);
     x += r * ldx;
-    out += r * ldo;
     row_scale += r;
     switch (m - r) {
-#define KVT_R(k) case k: micro_i8<k, V>(x, ldx, panel, quads, row_scale, col_scale, comp, out, ldo); break;
-        KVT_R(1) KVT_R(2) KVT_R(3) KVT_R(4) KVT_R(5) KVT_R(6) KVT_R(7)
+#define KVT_R(k) case k: if constexpr (k < MR) micro_i8<k, V>(x, ldx, pn, quads, row_scale, col_scale, comp, r, epi); break;
+        KVT_R(1) KVT_R(2) KVT_R(3) KVT_R(4) KVT_R(5) KVT_R(6) KVT_R(7) KVT_R(8) KVT_R(9)
+        KVT_R(10) KVT_R(11)
 #undef KVT_R
         default: break;
     }
@@ -131,35 +237,51 @@ void panel_rows_i8(const uint8_t* x, int64_t ldx, int m, const uint32_t* panel, 
 // Row x [k] bfloat16 (k % 16 == 0) to uint8 (round(x / scale) + 128, |.| <= 127) and its
 // scale max|x| / 127 (0 for a zero row, whose values all become 128).
 inline void quantize_row(const uint16_t* x, int k, uint8_t* q, float* scale) {
-    __m512 amax = _mm512_setzero_ps();
-    for (int i = 0; i < k; i += 16) {
-        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(
+    auto load = [x](int i) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))), 16));
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    }
+    };
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(i)));
     const float m = _mm512_reduce_max_ps(amax);
     *scale = m / 127.0f;
     const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127),
                   offset = _mm512_set1_epi32(128);
     for (int i = 0; i < k; i += 16) {
-        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))), 16));
-        __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));  // round to nearest even
+        __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(load(i), inv));  // round to nearest even
         n = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(n, lo), hi), offset);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(n));
     }
 }
-#endif
 
-// Panel p's first vector and width (NR vectors, the last panel what is left).
-inline int panel_vectors(int p, int vectors) { return vectors - p * NR < NR ? vectors - p * NR : NR; }
+template <typename Epi>
+void gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, const float* col_scale,
+             const int32_t* comp, int n, int k, bool paired, const Epi& epi, uint8_t* scratch,
+             float* row_scale, int threads) {
+    const int vectors = n / 16, quads = k / 4;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + int64_t(r) * k, row_scale + r);
+#pragma omp for schedule(static)
+        for (int p = 0; p < panel_count(vectors, paired); p++) {
+            const Panel pn = panel_of(packed, p, vectors, quads, paired);
+            switch (pn.vectors) {
+                case 1: panel_rows_i8<1>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+                case 2: panel_rows_i8<2>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+                default: panel_rows_i8<NR>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+            }
+        }
+    }
+}
+#endif
 
 }  // namespace
 
 extern "C" {
 
-// Whether this build has the kernel (the compiler targeted AVX512-BF16).
+// Whether this build has the bfloat16 kernel (the compiler targeted AVX512-BF16).
 int kvt_gemm_available() {
 #ifdef __AVX512BF16__
     return 1;
@@ -168,50 +290,36 @@ int kvt_gemm_available() {
 #endif
 }
 
-// uint32 elements of the packed copy of an [n, k] weight (n a multiple of 16, k even).
+// uint32 elements of the packed copy of an [n, k] bfloat16 weight.
 int64_t kvt_gemm_packed_size(int n, int k) { return int64_t(n) * (k / 2); }
 
-// W [n, k] (row stride k) into ``packed`` (kvt_gemm_packed_size elements, 64-byte
-// aligned); 1 if n is not a multiple of 16 or k is odd, else 0.
-int kvt_gemm_pack(const uint16_t* w, int n, int k, uint32_t* packed) {
-    if (n % 16 != 0 || k % 2 != 0 || n <= 0 || k <= 0) return 1;
-    const int vectors = n / 16, pairs = k / 2;
-    const int panels = (vectors + NR - 1) / NR;
-    uint32_t* dst = packed;
-    for (int p = 0; p < panels; p++) {
-        const int width = panel_vectors(p, vectors);
-        for (int q = 0; q < pairs; q++)
-            for (int v = 0; v < width; v++)
-                for (int l = 0; l < 16; l++) {
-                    const int64_t col = int64_t(p * NR + v) * 16 + l;
-                    *dst++ = uint32_t(w[col * k + 2 * q]) | (uint32_t(w[col * k + 2 * q + 1]) << 16);
-                }
-    }
+// W [n, k] bfloat16 (row stride k) into ``packed`` (kvt_gemm_packed_size elements, 64-byte
+// aligned), plain or paired (module comment); 1 if n is not a multiple of 16 (32 paired)
+// or k is odd, else 0.
+int kvt_gemm_pack(const uint16_t* w, int n, int k, int paired, uint32_t* packed) {
+    if (!packable(n, k, 2, paired)) return 1;
+    pack_layout(n, k / 2, paired, packed, [&](int64_t col, int q) {
+        return uint32_t(w[col * k + 2 * q]) | (uint32_t(w[col * k + 2 * q + 1]) << 16);
+    });
     return 0;
 }
 
-// out [m, n] (row stride ldo) = x [m, k] (row stride ldx) times the packed weight's
-// transpose, on ``threads`` OpenMP threads; 1 if the build lacks the kernel or the shape
-// cannot be packed, else 0.
+// out (row stride ldo) from x [m, k] (row stride ldx) times the packed weight's
+// transpose, on ``threads`` OpenMP threads: [m, n], or with ``silu`` (paired weights
+// only) [m, n / 2] = SiLU(gate) * up. 1 if the build lacks the kernel or the arguments do
+// not fit, else 0.
 int kvt_gemm(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int n, int k,
-             uint16_t* out, int64_t ldo, int threads) {
+             int paired, int silu, uint16_t* out, int64_t ldo, int threads) {
 #ifdef __AVX512BF16__
-    if (n % 16 != 0 || k % 2 != 0 || m < 0) return 1;
-    const int vectors = n / 16, pairs = k / 2;
-    const int panels = (vectors + NR - 1) / NR;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int p = 0; p < panels; p++) {
-        const uint32_t* panel = packed + int64_t(p) * NR * 16 * pairs;
-        uint16_t* o = out + int64_t(p) * NR * 16;
-        switch (panel_vectors(p, vectors)) {
-            case 1: panel_rows<1>(x, ldx, m, panel, pairs, o, ldo); break;
-            case 2: panel_rows<2>(x, ldx, m, panel, pairs, o, ldo); break;
-            default: panel_rows<NR>(x, ldx, m, panel, pairs, o, ldo); break;
-        }
-    }
+    if (!packable(n, k, 2, paired) || m < 0 || (silu && !paired)) return 1;
+    if (silu)
+        gemm_bf16(x, ldx, m, packed, n, k / 2, true, SiluMul{out, ldo}, threads);
+    else
+        gemm_bf16(x, ldx, m, packed, n, k / 2, paired, Plain{out, ldo}, threads);
     return 0;
 #else
-    (void)x; (void)ldx; (void)m; (void)packed; (void)n; (void)k; (void)out; (void)ldo; (void)threads;
+    (void)x; (void)ldx; (void)m; (void)packed; (void)n; (void)k; (void)paired; (void)silu;
+    (void)out; (void)ldo; (void)threads;
     return 1;
 #endif
 }
@@ -225,25 +333,17 @@ int kvt_gemm_i8_available() {
 #endif
 }
 
-// W [n, k] int8 (row stride k; n % 16 == 0, k % 16 == 0) into ``packed`` (n * k / 4
-// uint32, 64-byte aligned: panels of NR vectors, per quad of inputs 16 columns' 4 weights)
-// and ``comp`` [n] = 128 x each column's weight sum; 1 if the shape cannot be packed.
-int kvt_gemm_i8_pack(const int8_t* w, int n, int k, uint32_t* packed, int32_t* comp) {
-    if (n % 16 != 0 || k % 16 != 0 || n <= 0 || k <= 0) return 1;
-    const int vectors = n / 16, quads = k / 4;
-    const int panels = (vectors + NR - 1) / NR;
-    uint32_t* dst = packed;
-    for (int p = 0; p < panels; p++) {
-        const int width = panel_vectors(p, vectors);
-        for (int q = 0; q < quads; q++)
-            for (int v = 0; v < width; v++)
-                for (int l = 0; l < 16; l++) {
-                    const int8_t* src = w + (int64_t(p * NR + v) * 16 + l) * k + 4 * q;
-                    uint32_t quad;
-                    memcpy(&quad, src, sizeof(quad));
-                    *dst++ = quad;
-                }
-    }
+// W [n, k] int8 (row stride k; n % 16 == 0, 32 paired, k % 16 == 0) into ``packed``
+// (n * k / 4 uint32, 64-byte aligned: per quad of inputs 16 columns' 4 weights), plain or
+// paired, and ``comp`` [n] = 128 x each column's weight sum; 1 if the shape cannot be
+// packed, else 0.
+int kvt_gemm_i8_pack(const int8_t* w, int n, int k, int paired, uint32_t* packed, int32_t* comp) {
+    if (!packable(n, k, 16, paired)) return 1;
+    pack_layout(n, k / 4, paired, packed, [&](int64_t col, int q) {
+        uint32_t quad;
+        memcpy(&quad, w + col * k + 4 * q, sizeof(quad));
+        return quad;
+    });
     for (int c = 0; c < n; c++) {
         int32_t sum = 0;
         for (int i = 0; i < k; i++) sum += w[int64_t(c) * k + i];
@@ -252,38 +352,27 @@ int kvt_gemm_i8_pack(const int8_t* w, int n, int k, uint32_t* packed, int32_t* c
     return 0;
 }
 
-// out [m, n] bfloat16 (row stride ldo) = x [m, k] bfloat16 (row stride ldx), each row
-// quantized to int8 with its own scale (so a row's result does not depend on its batch),
-// times the packed int8 weight's transpose, scaled by ``col_scale`` [n]; ``scratch``
-// holds m * k bytes and ``row_scale`` m floats. On ``threads`` OpenMP threads; 1 if the
-// build lacks the kernel or the shape cannot be packed, else 0.
+// out (row stride ldo) from x [m, k] bfloat16 (row stride ldx), each row quantized to
+// int8 with its own scale (so a row's result does not depend on its batch), times the
+// packed int8 weight's transpose, scaled by ``col_scale`` [n]: [m, n], or with ``silu``
+// (paired weights only) [m, n / 2] = SiLU(gate) * up. ``scratch`` holds m * k bytes and
+// ``row_scale`` m floats. On ``threads`` OpenMP threads; 1 if the build lacks the kernel
+// or the arguments do not fit, else 0.
 int kvt_gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed,
-                const float* col_scale, const int32_t* comp, int n, int k, uint16_t* out,
-                int64_t ldo, uint8_t* scratch, float* row_scale, int threads) {
+                const float* col_scale, const int32_t* comp, int n, int k, int paired, int silu,
+                uint16_t* out, int64_t ldo, uint8_t* scratch, float* row_scale, int threads) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BF16__)
-    if (n % 16 != 0 || k % 16 != 0 || m < 0) return 1;
-    const int vectors = n / 16, quads = k / 4;
-    const int panels = (vectors + NR - 1) / NR;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + int64_t(r) * k, row_scale + r);
-#pragma omp for schedule(static)
-        for (int p = 0; p < panels; p++) {
-            const uint32_t* panel = packed + int64_t(p) * NR * 16 * quads;
-            const int64_t c0 = int64_t(p) * NR * 16;
-            uint16_t* o = out + c0;
-            switch (panel_vectors(p, vectors)) {
-                case 1: panel_rows_i8<1>(scratch, k, m, panel, quads, row_scale, col_scale + c0, comp + c0, o, ldo); break;
-                case 2: panel_rows_i8<2>(scratch, k, m, panel, quads, row_scale, col_scale + c0, comp + c0, o, ldo); break;
-                default: panel_rows_i8<NR>(scratch, k, m, panel, quads, row_scale, col_scale + c0, comp + c0, o, ldo); break;
-            }
-        }
-    }
+    if (!packable(n, k, 16, paired) || m < 0 || (silu && !paired)) return 1;
+    if (silu)
+        gemm_i8(x, ldx, m, packed, col_scale, comp, n, k, true, SiluMul{out, ldo}, scratch,
+                row_scale, threads);
+    else
+        gemm_i8(x, ldx, m, packed, col_scale, comp, n, k, paired, Plain{out, ldo}, scratch,
+                row_scale, threads);
     return 0;
 #else
     (void)x; (void)ldx; (void)m; (void)packed; (void)col_scale; (void)comp; (void)n; (void)k;
-    (void)out; (void)ldo; (void)scratch; (void)row_scale; (void)threads;
+    (void)paired; (void)silu; (void)out; (void)ldo; (void)scratch; (void)row_scale; (void)threads;
     return 1;
 #endif
 }

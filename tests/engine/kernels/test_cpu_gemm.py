@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.kernels.cpu_fused import FusedKernels, fused_kernels_here, silu_mul
 from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
 
 
@@ -158,3 +159,54 @@ def test_int8_bad_shapes_and_dtypes_are_refused(int8_gemm: NativeInt8Gemm) -> No
         int8_gemm.linear(x[:, :32], weight, 2)
     with pytest.raises(ValueError, match="unit column stride"):
         int8_gemm.linear(x.t().contiguous().t(), weight, 2)
+
+
+# Paired layouts (a gate and an up projection stacked): the same products, and SiLU * up
+# in the epilogue exactly as the fused silu_mul computes it from the product.
+
+
+@pytest.fixture(scope="module")
+def fused() -> FusedKernels:
+    found = fused_kernels_here()
+    if found is None:
+        pytest.skip("no fused CPU kernels here")
+    return found
+
+
+@pytest.mark.parametrize("m", [1, 5, 12, 13, 64])
+@pytest.mark.parametrize("n", [128, 384])
+def test_paired_bf16_products_and_silu(
+    gemm: NativeGemm, fused: FusedKernels, m: int, n: int
+) -> None:
+    x, w = _case(m, n, 96, seed=m * n)
+    plain = gemm.linear(x, gemm.pack(w), n, threads=2)
+    paired = gemm.pack(w, paired=True)
+    assert torch.equal(gemm.linear(x, paired, n, threads=2, paired=True), plain)
+    got = gemm.silu_mul(x, paired, n, threads=2)
+    assert got.shape == (m, n // 2)
+    assert torch.equal(got, silu_mul(fused, plain))
+
+
+@pytest.mark.parametrize("m", [1, 5, 12, 13, 64])
+@pytest.mark.parametrize("n", [128, 384])
+def test_paired_int8_products_and_silu(
+    int8_gemm: NativeInt8Gemm, fused: FusedKernels, m: int, n: int
+) -> None:
+    x, w = _case(m, n, 96, seed=m * n + 1)
+    plain = int8_gemm.linear(x, int8_gemm.quantize(w), threads=2)
+    paired = int8_gemm.quantize(w, paired=True)
+    assert torch.equal(int8_gemm.linear(x, paired, threads=2), plain)
+    assert torch.equal(int8_gemm.silu_mul(x, paired, threads=2), silu_mul(fused, plain))
+
+
+def test_paired_layouts_refuse_what_they_cannot_hold(
+    gemm: NativeGemm, int8_gemm: NativeInt8Gemm
+) -> None:
+    x, w = _case(2, 192, 64)  # 96 SiLU columns: not a multiple of 64
+    assert gemm.supports(w) and not gemm.supports(w, paired=True)
+    with pytest.raises(ValueError, match="n % 128 == 0"):
+        gemm.pack(w, paired=True)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        int8_gemm.quantize(w, paired=True)
+    with pytest.raises(ValueError, match="paired=True"):
+        int8_gemm.silu_mul(x, int8_gemm.quantize(w), threads=2)
