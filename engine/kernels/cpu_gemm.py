@@ -1,13 +1,19 @@
-"""bfloat16 linear layers on the CPU's AVX512-BF16 dot products (``native/cpu_gemm.cpp``).
+"""Linear layers on the CPU's AVX-512 dot products (``native/cpu_gemm.cpp``): bfloat16
+(AVX512-BF16, :class:`NativeGemm`) and int8 (AVX512-VNNI, :class:`NativeInt8Gemm`, the
+opt-in quantized path).
 
-:func:`gemm_here` builds (first use on a machine, a few seconds) and loads the library,
-or says why not; :meth:`NativeGemm.pack` lays a weight out once, :meth:`NativeGemm.linear`
-multiplies rows against it on the OpenMP threads torch runs (the library's libgomp is
-torch's). Products are exact and summed in float32, the sums rounded to bfloat16 as
-oneDNN rounds them; the order of the sums differs from oneDNN's, so an output may differ
-from torch's in its last bfloat16 bit.
+:func:`gemm_here` / :func:`int8_gemm_here` build (first use on a machine, a few seconds)
+and load the library, or say why not; ``pack`` / ``quantize`` lay a weight out once,
+``linear`` multiplies rows against it on the OpenMP threads torch runs (the library's
+libgomp is torch's). A weight packed ``paired`` (a gate and an up projection stacked)
+also gives ``silu_mul``: SiLU(gate) * up straight from the kernel's epilogue.
 
-Measured on a Zen 4 EPYC (2 threads, AVX512-BF16, no AMX) by ``bench/cpu_gemm.py``:
+bfloat16: products exact, summed in float32, the sums rounded to bfloat16 as oneDNN rounds
+them; the order of the sums differs from oneDNN's, so an output may differ from torch's in
+its last bfloat16 bit. int8: weights per output channel, each input row quantized with its
+own scale inside the call, exact int32 sums; ~1.1% relative error of a product.
+
+Measured on a Zen 4 EPYC (2 threads, AVX512-BF16/VNNI, no AMX) by ``bench/cpu_gemm.py``:
 SmolLM2-135M's projections, 30 layers' weights in turn (the LM head one), interleaved
 best of 11, against torch's oneDNN-packed bfloat16 linear in the same run, us per call::
 
@@ -19,8 +25,11 @@ best of 11, against torch's oneDNN-packed bfloat16 linear in the same run, us pe
     576 x 49,152 (head) 1,369 vs 2,015 2,507 vs 3,060 8,767 vs 9,358 65,828 vs 78,427
 
 1.2-1.9x at 16 rows, 1.07-1.33x at 64, 1.05-1.19x at 512; of the outputs, ~1 in 10,000
-differs from oneDNN's in its last bit. Whether it wins on another CPU (oneDNN multiplies
-on AMX tiles where it has them) is raced at start-up: :mod:`engine.model.native_linear`.
+differs from oneDNN's in its last bit. The int8 kernel runs the same 512-bit dot products
+a cycle with twice the multiply-adds each: 620-830 GOP/s at 64-512 rows against the
+bfloat16 kernel's 410-450 GFLOP/s. Whether the bfloat16 kernel wins on another CPU (oneDNN
+multiplies on AMX tiles where it has them) is raced at start-up:
+:mod:`engine.model.native_linear`.
 """
 
 from __future__ import annotations

@@ -167,3 +167,22 @@ def test_native_quantization_takes_every_linear_it_can(int8_gemm: NativeInt8Gemm
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert quantize_linears(model, gemm=int8_gemm) == 0  # already quantized: nothing to do
+
+
+def test_native_gate_up_is_paired_and_fuses_silu(int8_gemm: NativeInt8Gemm) -> None:
+    from engine.kernels.cpu_fused import fused_kernels_here, silu_mul
+
+    kernels = fused_kernels_here()
+    if kernels is None:
+        pytest.skip("no fused CPU kernels here")
+    model = load_model(EngineConfig.tiny(dtype="bfloat16")).model
+    quantize_linears(model, gemm=int8_gemm)
+    mlp = model.model.layers[0].mlp
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    assert isinstance(gate_up, NativeInt8Linear) and isinstance(down, NativeInt8Linear)
+    assert gate_up.quantized.paired and not down.quantized.paired
+    x = torch.randn(5, gate_up.in_features).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(gate_up.silu_mul(x), silu_mul(kernels, gate_up(x)))
+        assert down.silu_mul(torch.randn(5, down.in_features).to(torch.bfloat16)) is None
+        assert gate_up.silu_mul(x.float()) is None

@@ -94,3 +94,29 @@ def test_the_race_maps_wins_to_a_row_limit(
 
 def test_the_race_runs_for_real(gemm: NativeGemm) -> None:
     assert native_rows_limit(gemm, repeats=1) in (0, native_linear.RACE_ROWS[0], ALL_ROWS)
+
+
+def test_gate_up_layers_are_paired_and_fuse_silu_up_to_the_limit(gemm: NativeGemm) -> None:
+    """A layer named gate_up_proj is packed as gate/up pairs: the same products, and
+    its silu_mul is the fused kernels' SiLU * up of them, for calls the kernel takes."""
+    from engine.kernels.cpu_fused import fused_kernels_here, silu_mul
+
+    kernels = fused_kernels_here()
+    if kernels is None:
+        pytest.skip("no fused CPU kernels here")
+    torch.manual_seed(1)
+    mlp = nn.Module()
+    for name in ("gate_up_proj", "other"):
+        linear = nn.Linear(64, 256, bias=False).to(torch.bfloat16)
+        setattr(mlp, name, PackedLinear.from_linear(linear, "onednn"))
+    assert use_native_linears(mlp, gemm, 8) == 2
+    gate_up, other = mlp.gate_up_proj, mlp.other
+    assert gate_up.native_paired and not other.native_paired
+    with torch.inference_mode():
+        x = torch.randn(8, 64).to(torch.bfloat16)
+        product = gate_up(x)
+        assert torch.equal(product, gemm.linear(x, gemm.pack(gate_up.weight), 256, 2))
+        assert torch.equal(gate_up.silu_mul(x), silu_mul(kernels, product))
+        assert other.silu_mul(x) is None  # not paired
+        assert gate_up.silu_mul(torch.randn(9, 64).to(torch.bfloat16)) is None  # oneDNN's rows
+        assert gate_up.silu_mul(x.float()) is None
