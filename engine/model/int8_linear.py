@@ -16,10 +16,11 @@ of each row). Two ways to multiply:
 
 Why: without AMX a bfloat16 product runs on AVX-512 ``vdpbf16ps`` (32 multiply-adds per
 instruction); int8 ``vpdpbusd`` does 64 at the same rate, and the weights stream half the
-bytes. Measured on a Zen 4 EPYC (2 threads, AVX-512 VNNI/BF16, no AMX), native int8 vs
-native bfloat16 kernels, GOP/s: 576 -> 3,072 at 64 rows 806 vs 444, at 512 rows 784 vs
-414; 1,536 -> 576 at 512 rows 831 vs 452; both kernels run one 512-bit dot product a
-cycle, the machine's peak.
+bytes. Measured on a Zen 4 EPYC (2 threads, AVX-512 VNNI/BF16, no AMX) by
+``bench/cpu_gemm.py``, native int8 vs native bfloat16 kernels, us per call (GOP/s):
+576 -> 3,072 at 64 rows 326 (694) vs 571 (397), at 512 rows 2,225 (814) vs 4,196 (432);
+1,536 -> 576 at 512 rows 1,109 (817) vs 2,036 (445). Both kernels issue one 512-bit dot
+product a cycle at best (a register-only loop of either runs at the same rate here).
 
 Accuracy: ~1.1% relative error of one product (random weights). Perplexity of
 SmolLM2-135M on 1,024 held-in tokens (bench/engine_quant.py's text, HF's forward):
