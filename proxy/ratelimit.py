@@ -94,6 +94,10 @@ class Bucket:
         return cls(interval, capacity * interval)
 
 
+# Float slack in bucket arithmetic (seconds): sums of intervals carry rounding errors.
+EPS_S = 1e-9
+
+
 def gcra(tat: float, now: float, bucket: Bucket, cost: int,
          oversized_when_full: bool) -> tuple[float, float]:
     """``(new_tat, wait_s)``: the bucket's next theoretical arrival time if the request is
@@ -101,7 +105,7 @@ def gcra(tat: float, now: float, bucket: Bucket, cost: int,
     base = max(tat, now)
     new = base + cost * bucket.interval_s
     over = new - now - bucket.tolerance_s
-    if over <= 1e-9 or (oversized_when_full and base <= now):
+    if over <= EPS_S or (oversized_when_full and base <= now):
         return new, 0.0
     return new, min(over, base - now) if oversized_when_full else over
 
@@ -125,7 +129,9 @@ class BucketPairs:
 
 
 def _retry(wait_s: float) -> int:
-    return max(1, math.ceil(wait_s))
+    # within gcra's tolerance of a whole second is that second: a 60 s wait computed as
+    # 60.000000000000007 must not tell the client 61
+    return max(1, math.ceil(wait_s - EPS_S))
 
 
 class LocalRateLimiter:
