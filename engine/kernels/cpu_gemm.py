@@ -40,6 +40,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -47,6 +48,7 @@ from engine.kernels import native_build
 
 log = logging.getLogger(__name__)
 SOURCE = native_build.SOURCE.with_name("cpu_gemm.cpp")
+_Kernel = TypeVar("_Kernel")
 
 
 def _check_rows(x: torch.Tensor) -> None:
@@ -220,13 +222,20 @@ class NativeInt8Gemm:
 
 
 @functools.cache
-def load_gemm(cache_dir: Path) -> NativeGemm:
-    """Build or load the library; memoised per process. RuntimeError or OSError where it
-    cannot be built or loaded here; RuntimeError where it was built without the kernel
-    (no AVX512-BF16)."""
+def _library(cache_dir: Path) -> tuple[Path, ctypes.CDLL]:
+    """The library, built on first use on a machine and loaded once per process (both
+    kernels' entry points live in it). RuntimeError or OSError where it cannot be built or
+    loaded here."""
     path = native_build.build(cache_dir, SOURCE, native_build.GEMM_FLAGS)
+    return path, ctypes.CDLL(str(path))
 
-    lib = ctypes.CDLL(str(path))
+
+@functools.cache
+def load_gemm(cache_dir: Path) -> NativeGemm:
+    """The bfloat16 kernel's entry points; memoised per process. RuntimeError or OSError
+    where the library cannot be built or loaded here; RuntimeError where it was built
+    without the kernel (no AVX512-BF16)."""
+    path, lib = _library(cache_dir)
     if not lib.kvt_gemm_available():
         raise RuntimeError("the CPU lacks AVX512-BF16 (no bfloat16 dot products)")
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
@@ -243,11 +252,10 @@ def load_gemm(cache_dir: Path) -> NativeGemm:
 
 @functools.cache
 def load_int8_gemm(cache_dir: Path) -> NativeInt8Gemm:
-    """Build or load the library (the same one as :func:`load_gemm`); memoised per
-    process. RuntimeError or OSError where it cannot be built or loaded here, or was built
-    without the int8 kernel (no AVX512-VNNI or -BF16)."""
-    path = native_build.build(cache_dir, SOURCE, native_build.GEMM_FLAGS)
-    lib = ctypes.CDLL(str(path))
+    """The int8 kernel's entry points; memoised per process. RuntimeError or OSError
+    where the library cannot be built or loaded here, or was built without the int8
+    kernel (no AVX512-VNNI or -BF16)."""
+    path, lib = _library(cache_dir)
     if not lib.kvt_gemm_i8_available():
         raise RuntimeError("the CPU lacks AVX512-VNNI or AVX512-BF16")
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
@@ -261,27 +269,26 @@ def load_int8_gemm(cache_dir: Path) -> NativeInt8Gemm:
     return NativeInt8Gemm(path, pack, gemm)
 
 
-def int8_gemm_here(cache_dir: Path | None = None) -> NativeInt8Gemm | None:
-    """The int8 kernel if it builds, loads and has AVX512-VNNI and -BF16 here, else None
-    (why: logged at info; int8 linears then run on torch's fbgemm)."""
+def _here(load: Callable[[Path], _Kernel], cache_dir: Path | None, what: str) -> _Kernel | None:
+    """``load`` 's kernel if it builds and loads here, else None (why: logged at info,
+    with ``what`` runs instead)."""
     reason = native_build.unavailable_reason()
     if reason is None:
         try:
-            return load_int8_gemm(cache_dir or native_build.default_cache_dir())
+            return load(cache_dir or native_build.default_cache_dir())
         except (RuntimeError, OSError) as exc:
             reason = str(exc)
-    log.info("native int8 linears unavailable (%s); fbgemm's", reason)
+    log.info("%s (%s)", what, reason)
     return None
 
 
 def gemm_here(cache_dir: Path | None = None) -> NativeGemm | None:
-    """The kernel if it builds, loads and has AVX512-BF16 here, else None (why: logged at
-    info; bfloat16 linears then stay on oneDNN)."""
-    reason = native_build.unavailable_reason()
-    if reason is None:
-        try:
-            return load_gemm(cache_dir or native_build.default_cache_dir())
-        except (RuntimeError, OSError) as exc:
-            reason = str(exc)
-    log.info("native bfloat16 linears unavailable (%s); oneDNN's", reason)
-    return None
+    """The bfloat16 kernel if it builds, loads and has AVX512-BF16 here, else None
+    (bfloat16 linears then stay on oneDNN)."""
+    return _here(load_gemm, cache_dir, "native bfloat16 linears unavailable, oneDNN's")
+
+
+def int8_gemm_here(cache_dir: Path | None = None) -> NativeInt8Gemm | None:
+    """The int8 kernel if it builds, loads and has AVX512-VNNI and -BF16 here, else None
+    (int8 linears then run on torch's fbgemm)."""
+    return _here(load_int8_gemm, cache_dir, "native int8 linears unavailable, fbgemm's")

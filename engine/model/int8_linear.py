@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm
-from engine.model.packed_linear import PAIRED
+from engine.model.packed_linear import PAIRED, sharing_parameters
 
 
 def int8_available() -> bool:
@@ -72,11 +72,7 @@ class Int8DynamicLinear(nn.Linear):
             raise ValueError(f"int8 linears run on the CPU, not {linear.weight.device}")
         if not int8_available():
             raise ValueError("this torch build has no x86/fbgemm quantized engine")
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = linear.in_features, linear.out_features
-        layer.weight = linear.weight
-        layer.bias = linear.bias
+        layer = sharing_parameters(cls, linear)
         bias = None if linear.bias is None else linear.bias.detach().float()
         with torch.no_grad():
             layer.packed = torch.ops.quantized.linear_prepack(quantize_weight(linear.weight), bias)
@@ -113,11 +109,7 @@ class NativeInt8Linear(nn.Linear):
             w = linear.weight
             raise ValueError(f"the native int8 kernel cannot take a {w.dtype} "
                              f"{tuple(w.shape)} weight on {w.device}")  # fmt: skip
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = linear.in_features, linear.out_features
-        layer.weight = linear.weight
-        layer.bias = linear.bias
+        layer = sharing_parameters(cls, linear)
         layer.gemm = gemm
         with torch.no_grad():
             paired = paired and gemm.supports(linear.weight, paired=True)
@@ -174,7 +166,8 @@ def quantize_linears(
             ):
                 continue
             native = gemm if gemm is not None and gemm.supports(child.weight) else None
-            if name in (keep if keep is not None else frozenset() if native else KEEP):
+            default_keep = frozenset() if native is not None else KEEP
+            if name in (default_keep if keep is None else keep):
                 continue
             if native is not None:
                 paired = name in PAIRED  # gate rows, then up: SiLU * up fused

@@ -73,7 +73,7 @@ The emulated product wins only at one row, where it streams half the weight byte
 from __future__ import annotations
 
 import time
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -86,7 +86,9 @@ PAIRED = frozenset({"gate_up_proj"})
 
 
 class NativeGemm(Protocol):
-    """A native bfloat16 linear kernel (:class:`engine.kernels.cpu_gemm.NativeGemm`)."""
+    """A native bfloat16 linear kernel (:class:`engine.kernels.cpu_gemm.NativeGemm`): a
+    Protocol, since importing that module here would close an import circle through
+    engine.dtype_choice (tests/test_import_graph.py)."""
 
     def supports(self, weight: torch.Tensor, paired: bool = False) -> bool: ...
 
@@ -104,6 +106,22 @@ class NativeGemm(Protocol):
     def silu_mul(
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int
     ) -> torch.Tensor: ...
+
+
+_Linear = TypeVar("_Linear", bound=nn.Linear)
+
+
+def sharing_parameters(cls: type[_Linear], linear: nn.Linear) -> _Linear:
+    """A ``cls`` (an ``nn.Linear`` subclass) holding ``linear``'s own weight and bias
+    parameters (same state dict; tied weights stay tied), no new ones initialised; the
+    caller adds the rest of its state."""
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.in_features, layer.out_features = linear.in_features, linear.out_features
+    layer.weight = linear.weight
+    layer.bias = linear.bias
+    return layer
+
 
 # The row count each library is told to expect when packing: only a blocking hint
 # (forward passes each call's rows); 1 to 256 measured alike.
@@ -208,11 +226,7 @@ class PackedLinear(nn.Linear):
                 f"{kind} packing needs {names} CPU weights here, got {linear.weight.dtype} "
                 f"on {linear.weight.device}"
             )
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features, layer.out_features = linear.in_features, linear.out_features
-        layer.weight = linear.weight
-        layer.bias = linear.bias
+        layer = sharing_parameters(cls, linear)
         layer.kind = kind
         layer.compute_dtype = compute
         with torch.no_grad():

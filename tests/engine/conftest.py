@@ -1,4 +1,5 @@
-"""Engine fixtures: the random tiny Llama (milliseconds) and a HF transformers twin."""
+"""Engine fixtures: the random tiny Llama (milliseconds), a HF transformers twin, and the
+native CPU kernels (skipping where this machine cannot build them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, load_model
+from engine.kernels.cpu_fused import FusedKernels, fused_kernels_here
+from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
 
 HFGreedy = Callable[[list[int], int], list[int]]
 
@@ -61,3 +64,30 @@ def real_hf(real_model: LoadedModel) -> HFGreedy:
 @pytest.fixture(scope="session")
 def tiny_hf(tiny_model: LoadedModel) -> HFGreedy:
     return hf_twin(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def native_gemm() -> NativeGemm:
+    """The native bfloat16 linear kernel (engine.kernels.cpu_gemm)."""
+    found = gemm_here()
+    if found is None:
+        pytest.skip("no AVX512-BF16 or no compiler here: the bfloat16 kernel is not built")
+    return found
+
+
+@pytest.fixture(scope="session")
+def int8_gemm() -> NativeInt8Gemm:
+    """The native int8 linear kernel (engine.kernels.cpu_gemm)."""
+    found = int8_gemm_here()
+    if found is None:
+        pytest.skip("no AVX512-VNNI/BF16 or no compiler here: the int8 kernel is not built")
+    return found
+
+
+@pytest.fixture(scope="session")
+def fused_kernels() -> FusedKernels:
+    """The fused small-op kernels (engine.kernels.cpu_fused)."""
+    found = fused_kernels_here()
+    if found is None:
+        pytest.skip("no AVX-512 or no compiler here: the fused CPU kernels are not built")
+    return found

@@ -6,16 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.cpu_fused import FusedKernels, fused_kernels_here, silu_mul
-from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
-
-
-@pytest.fixture(scope="module")
-def gemm() -> NativeGemm:
-    found = gemm_here()
-    if found is None:
-        pytest.skip("no AVX512-BF16 or no compiler here: the kernel is not built")
-    return found
+from engine.kernels.cpu_fused import FusedKernels, silu_mul
+from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm
 
 
 def _case(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,10 +19,10 @@ def _case(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Te
 # n: whole 48-column panels, and 1 or 2 vectors left over; m: whole 8-row blocks and tails
 @pytest.mark.parametrize("n", [16, 32, 48, 96, 112, 976])
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 64])
-def test_products_match_a_float32_reference(gemm: NativeGemm, m: int, n: int) -> None:
+def test_products_match_a_float32_reference(native_gemm: NativeGemm, m: int, n: int) -> None:
     k = 72
     x, w = _case(m, n, k)
-    out = gemm.linear(x, gemm.pack(w), n, threads=2)
+    out = native_gemm.linear(x, native_gemm.pack(w), n, threads=2)
     ref = torch.nn.functional.linear(x.float(), w.float())
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     # exact products, float32 sums in another order, one rounding to bfloat16
@@ -38,50 +30,44 @@ def test_products_match_a_float32_reference(gemm: NativeGemm, m: int, n: int) ->
     assert (out != ref.to(torch.bfloat16)).float().mean() < 0.01  # an order's last bit, rarely
 
 
-def test_a_rows_result_does_not_depend_on_its_batch(gemm: NativeGemm) -> None:
+def test_a_rows_result_does_not_depend_on_its_batch(native_gemm: NativeGemm) -> None:
     x, w = _case(37, 144, 576, seed=1)
-    packed = gemm.pack(w)
-    whole = gemm.linear(x, packed, 144, threads=2)
+    packed = native_gemm.pack(w)
+    whole = native_gemm.linear(x, packed, 144, threads=2)
     for i in (0, 7, 8, 36):
-        assert torch.equal(gemm.linear(x[i : i + 1], packed, 144, threads=1), whole[i : i + 1])
-    assert torch.equal(gemm.linear(x[5:20], packed, 144, threads=2), whole[5:20])
+        alone = native_gemm.linear(x[i : i + 1], packed, 144, threads=1)
+        assert torch.equal(alone, whole[i : i + 1])
+    assert torch.equal(native_gemm.linear(x[5:20], packed, 144, threads=2), whole[5:20])
 
 
-def test_strided_rows_and_empty_calls(gemm: NativeGemm) -> None:
+def test_strided_rows_and_empty_calls(native_gemm: NativeGemm) -> None:
     x, w = _case(6, 48, 64, seed=2)
     wide = torch.zeros(6, 100, dtype=torch.bfloat16)
     wide[:, 10:74] = x
-    packed = gemm.pack(w)
-    assert torch.equal(gemm.linear(wide[:, 10:74], packed, 48, 2), gemm.linear(x, packed, 48, 2))
-    assert gemm.linear(x[:0], packed, 48, 2).shape == (0, 48)
+    packed = native_gemm.pack(w)
+    strided = native_gemm.linear(wide[:, 10:74], packed, 48, 2)
+    assert torch.equal(strided, native_gemm.linear(x, packed, 48, 2))
+    assert native_gemm.linear(x[:0], packed, 48, 2).shape == (0, 48)
 
 
-def test_bad_shapes_and_dtypes_are_refused(gemm: NativeGemm) -> None:
+def test_bad_shapes_and_dtypes_are_refused(native_gemm: NativeGemm) -> None:
     x, w = _case(2, 48, 64)
     with pytest.raises(ValueError, match="cannot pack"):
-        gemm.pack(w[:40])  # n not a multiple of 16
+        native_gemm.pack(w[:40])  # n not a multiple of 16
     with pytest.raises(ValueError, match="cannot pack"):
-        gemm.pack(w[:, :63])  # odd k
+        native_gemm.pack(w[:, :63])  # odd k
     with pytest.raises(ValueError, match="cannot pack"):
-        gemm.pack(w.float())
-    packed = gemm.pack(w)
+        native_gemm.pack(w.float())
+    packed = native_gemm.pack(w)
     with pytest.raises(ValueError, match="bfloat16"):
-        gemm.linear(x.float(), packed, 48, 2)
+        native_gemm.linear(x.float(), packed, 48, 2)
     with pytest.raises(ValueError, match="packed weight holds"):
-        gemm.linear(x, packed, 32, 2)
+        native_gemm.linear(x, packed, 32, 2)
     with pytest.raises(ValueError, match="unit column stride"):
-        gemm.linear(x.t().contiguous().t(), packed, 48, 2)
+        native_gemm.linear(x.t().contiguous().t(), packed, 48, 2)
 
 
 # The int8 kernel (AVX512-VNNI): inputs quantized per row inside the call.
-
-
-@pytest.fixture(scope="module")
-def int8_gemm() -> NativeInt8Gemm:
-    found = int8_gemm_here()
-    if found is None:
-        pytest.skip("no AVX512-VNNI/BF16 or no compiler here: the int8 kernel is not built")
-    return found
 
 
 def _int8_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -165,47 +151,39 @@ def test_int8_bad_shapes_and_dtypes_are_refused(int8_gemm: NativeInt8Gemm) -> No
 # in the epilogue exactly as the fused silu_mul computes it from the product.
 
 
-@pytest.fixture(scope="module")
-def fused() -> FusedKernels:
-    found = fused_kernels_here()
-    if found is None:
-        pytest.skip("no fused CPU kernels here")
-    return found
-
-
 @pytest.mark.parametrize("m", [1, 5, 12, 13, 64])
 @pytest.mark.parametrize("n", [128, 384])
 def test_paired_bf16_products_and_silu(
-    gemm: NativeGemm, fused: FusedKernels, m: int, n: int
+    native_gemm: NativeGemm, fused_kernels: FusedKernels, m: int, n: int
 ) -> None:
     x, w = _case(m, n, 96, seed=m * n)
-    plain = gemm.linear(x, gemm.pack(w), n, threads=2)
-    paired = gemm.pack(w, paired=True)
-    assert torch.equal(gemm.linear(x, paired, n, threads=2, paired=True), plain)
-    got = gemm.silu_mul(x, paired, n, threads=2)
+    plain = native_gemm.linear(x, native_gemm.pack(w), n, threads=2)
+    paired = native_gemm.pack(w, paired=True)
+    assert torch.equal(native_gemm.linear(x, paired, n, threads=2, paired=True), plain)
+    got = native_gemm.silu_mul(x, paired, n, threads=2)
     assert got.shape == (m, n // 2)
-    assert torch.equal(got, silu_mul(fused, plain))
+    assert torch.equal(got, silu_mul(fused_kernels, plain))
 
 
 @pytest.mark.parametrize("m", [1, 5, 12, 13, 64])
 @pytest.mark.parametrize("n", [128, 384])
 def test_paired_int8_products_and_silu(
-    int8_gemm: NativeInt8Gemm, fused: FusedKernels, m: int, n: int
+    int8_gemm: NativeInt8Gemm, fused_kernels: FusedKernels, m: int, n: int
 ) -> None:
     x, w = _case(m, n, 96, seed=m * n + 1)
     plain = int8_gemm.linear(x, int8_gemm.quantize(w), threads=2)
     paired = int8_gemm.quantize(w, paired=True)
     assert torch.equal(int8_gemm.linear(x, paired, threads=2), plain)
-    assert torch.equal(int8_gemm.silu_mul(x, paired, threads=2), silu_mul(fused, plain))
+    assert torch.equal(int8_gemm.silu_mul(x, paired, threads=2), silu_mul(fused_kernels, plain))
 
 
 def test_paired_layouts_refuse_what_they_cannot_hold(
-    gemm: NativeGemm, int8_gemm: NativeInt8Gemm
+    native_gemm: NativeGemm, int8_gemm: NativeInt8Gemm
 ) -> None:
     x, w = _case(2, 192, 64)  # 96 SiLU columns: not a multiple of 64
-    assert gemm.supports(w) and not gemm.supports(w, paired=True)
+    assert native_gemm.supports(w) and not native_gemm.supports(w, paired=True)
     with pytest.raises(ValueError, match="n % 128 == 0"):
-        gemm.pack(w, paired=True)
+        native_gemm.pack(w, paired=True)
     with pytest.raises(ValueError, match="multiple of 128"):
         int8_gemm.quantize(w, paired=True)
     with pytest.raises(ValueError, match="paired=True"):

@@ -11,6 +11,7 @@ from engine.api import GenerationRequest, SamplingParams
 from engine.cli import engine_config
 from engine.config import EngineConfig
 from engine.factory import build_llm_engine, load_model
+from engine.kernels.cpu_fused import FusedKernels, silu_mul
 from engine.kernels.cpu_gemm import NativeInt8Gemm, int8_gemm_here
 from engine.model.int8_linear import (
     INT8_LINEARS,
@@ -109,14 +110,6 @@ def test_unknown_or_gpu_quantization_is_refused() -> None:
         engine_config(None, None, linear_quant="fp8")
 
 
-@pytest.fixture(scope="module")
-def int8_gemm() -> NativeInt8Gemm:
-    found = int8_gemm_here()
-    if found is None:
-        pytest.skip("no AVX512-VNNI/BF16 or no compiler here: the native int8 kernel is not built")
-    return found
-
-
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -169,12 +162,9 @@ def test_native_quantization_takes_every_linear_it_can(int8_gemm: NativeInt8Gemm
     assert quantize_linears(model, gemm=int8_gemm) == 0  # already quantized: nothing to do
 
 
-def test_native_gate_up_is_paired_and_fuses_silu(int8_gemm: NativeInt8Gemm) -> None:
-    from engine.kernels.cpu_fused import fused_kernels_here, silu_mul
-
-    kernels = fused_kernels_here()
-    if kernels is None:
-        pytest.skip("no fused CPU kernels here")
+def test_native_gate_up_is_paired_and_fuses_silu(
+    int8_gemm: NativeInt8Gemm, fused_kernels: FusedKernels
+) -> None:
     model = load_model(EngineConfig.tiny(dtype="bfloat16")).model
     quantize_linears(model, gemm=int8_gemm)
     mlp = model.model.layers[0].mlp
@@ -183,6 +173,6 @@ def test_native_gate_up_is_paired_and_fuses_silu(int8_gemm: NativeInt8Gemm) -> N
     assert gate_up.quantized.paired and not down.quantized.paired
     x = torch.randn(5, gate_up.in_features).to(torch.bfloat16)
     with torch.inference_mode():
-        assert torch.equal(gate_up.silu_mul(x), silu_mul(kernels, gate_up(x)))
+        assert torch.equal(gate_up.silu_mul(x), silu_mul(fused_kernels, gate_up(x)))
         assert down.silu_mul(torch.randn(5, down.in_features).to(torch.bfloat16)) is None
         assert gate_up.silu_mul(x.float()) is None

@@ -10,17 +10,18 @@ import torch
 from torch import nn
 
 import engine.model.native_linear as native_linear
-from engine.kernels.cpu_gemm import NativeGemm, gemm_here
+from engine.kernels.cpu_fused import FusedKernels, silu_mul
+from engine.kernels.cpu_gemm import NativeGemm
 from engine.model.native_linear import ALL_ROWS, native_rows_limit, use_native_linears
 from engine.model.packed_linear import PackedLinear, onednn_bf16_packing_works
 
 
 @pytest.fixture(scope="module")
-def gemm() -> NativeGemm:
-    found = gemm_here()
-    if found is None or not onednn_bf16_packing_works():
-        pytest.skip("no native bfloat16 kernel or no oneDNN bfloat16 packing here")
-    return found
+def gemm(native_gemm: NativeGemm) -> NativeGemm:
+    """The kernel, where oneDNN can pack bfloat16 too (the layers start packed for it)."""
+    if not onednn_bf16_packing_works():
+        pytest.skip("no oneDNN bfloat16 packing here")
+    return native_gemm
 
 
 def _model() -> nn.Module:
@@ -96,14 +97,11 @@ def test_the_race_runs_for_real(gemm: NativeGemm) -> None:
     assert native_rows_limit(gemm, repeats=1) in (0, native_linear.RACE_ROWS[0], ALL_ROWS)
 
 
-def test_gate_up_layers_are_paired_and_fuse_silu_up_to_the_limit(gemm: NativeGemm) -> None:
+def test_gate_up_layers_are_paired_and_fuse_silu_up_to_the_limit(
+    gemm: NativeGemm, fused_kernels: FusedKernels
+) -> None:
     """A layer named gate_up_proj is packed as gate/up pairs: the same products, and
     its silu_mul is the fused kernels' SiLU * up of them, for calls the kernel takes."""
-    from engine.kernels.cpu_fused import fused_kernels_here, silu_mul
-
-    kernels = fused_kernels_here()
-    if kernels is None:
-        pytest.skip("no fused CPU kernels here")
     torch.manual_seed(1)
     mlp = nn.Module()
     for name in ("gate_up_proj", "other"):
@@ -116,7 +114,7 @@ def test_gate_up_layers_are_paired_and_fuse_silu_up_to_the_limit(gemm: NativeGem
         x = torch.randn(8, 64).to(torch.bfloat16)
         product = gate_up(x)
         assert torch.equal(product, gemm.linear(x, gemm.pack(gate_up.weight), 256, 2))
-        assert torch.equal(gate_up.silu_mul(x), silu_mul(kernels, product))
+        assert torch.equal(gate_up.silu_mul(x), silu_mul(fused_kernels, product))
         assert other.silu_mul(x) is None  # not paired
         assert gate_up.silu_mul(torch.randn(9, 64).to(torch.bfloat16)) is None  # oneDNN's rows
         assert gate_up.silu_mul(x.float()) is None
