@@ -10,8 +10,9 @@ K/V are gathered through each sequence's block table (layout in
   masked by ``seq_lens``;
 * prefill chunks run one sequence at a time with a causal mask shifted by the number
   of tokens already in the cache (``seq_len - query_len``): torch's fused SDPA in
-  float32, and in bfloat16 where the hardware computes in bf16 natively (else query
-  tiles of explicit matmuls: oneDNN emulates bf16 there and SDPA was ~10x slower).
+  float32, and in bfloat16 where the hardware computes in bf16 natively (elsewhere in
+  float32 over the widened rows: torch emulates bf16 matmuls there, ~20x slower);
+  query tiles of explicit matmuls for a cache of another dtype than the queries'.
 
 Query heads are grouped per KV head (GQA: query head ``h`` reads KV head
 ``h // (H / Hkv)``) and attention is two matmuls around a float32 softmax.
@@ -157,7 +158,7 @@ class TorchAttentionBackend:
             if seq_len > n:  # query j sits at position offset + j and sees keys 0 .. offset + j
                 k_pos = torch.arange(seq_len, device=q.device)
                 hidden = k_pos.unsqueeze(0) > k_pos[seq_len - n :].unsqueeze(1)  # [Q, L]
-                mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device)
+                mask = torch.zeros(hidden.shape, dtype=self._sdpa_dtype(q), device=q.device)
                 mask.masked_fill_(hidden, float("-inf"))
             chunks.append(_PrefillChunk(qsl[i], qsl[i + 1], table, seq_len, seq_len - n, mask))
         self._prefill = (meta, block_size, q.dtype, chunks)
@@ -302,14 +303,19 @@ class TorchAttentionBackend:
         ``prefill_tile`` query rows: tile ``[a, b)`` attends only to keys up to its last
         position, so the fully masked upper triangle is never computed, and each tile's
         float32 scores stay in cache (one [H, 512, 512] score tensor does not: ~3x
-        slower); on an AVX2-only CPU the fused kernel was ~10x slower in bfloat16.
+        slower). bfloat16 where bf16 is *not* native: the fused kernel in float32 over
+        the gathered rows widened (exactly) and the output rounded back once. There
+        torch's bf16 matmuls are emulated: on an AVX2-only EPYC one 128-query tile's
+        ``Q K^T`` over 1,048 keys took 59 ms in bfloat16 against 2.7 ms in float32, and a
+        1,048-token prompt's first token 26 s through the tiles (SmolLM2-135M, 30
+        layers); the widened fused kernel takes 16 ms for one layer's whole prompt.
+        The tiles remain for a cache of another dtype than the queries'.
         """
         seq_len, offset, table = chunk.seq_len, chunk.offset, chunk.table
         q_len, num_heads, head_dim = q.shape
-        if k_cache.dtype == q.dtype and (
-            q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and self._fused_bf16(q))
-        ):
-            return self._prefill_sdpa(q, k_cache, v_cache, table, seq_len, chunk.mask, scale)
+        if k_cache.dtype == q.dtype and q.dtype in (torch.float32, torch.bfloat16):
+            return self._prefill_sdpa(q, k_cache, v_cache, table, seq_len, chunk.mask, scale,
+                                      self._sdpa_dtype(q))  # fmt: skip
         k = self._gather(k_cache, table, seq_len).to(q.dtype).unsqueeze(1)  # [Hkv, 1, L, D]
         v = self._gather(v_cache, table, seq_len).to(q.dtype).unsqueeze(1)
         hkv = k.shape[0]
@@ -329,6 +335,13 @@ class TorchAttentionBackend:
             self._fused_bf16_prefill = native_bf16(q.device.type)
         return self._fused_bf16_prefill
 
+    def _sdpa_dtype(self, q: torch.Tensor) -> torch.dtype:
+        """The dtype a prefill chunk's fused attention (and its mask) computes in:
+        ``q``'s, except float32 for bfloat16 queries where bf16 is not native."""
+        if q.dtype == torch.bfloat16 and not self._fused_bf16(q):
+            return torch.float32
+        return q.dtype
+
     @classmethod
     def _prefill_sdpa(
         cls,
@@ -339,10 +352,14 @@ class TorchAttentionBackend:
         seq_len: int,
         mask: torch.Tensor | None,
         scale: float,
+        compute: torch.dtype | None = None,
     ) -> torch.Tensor:
         """:meth:`_prefill_one` through ``scaled_dot_product_attention``; ``mask``: the
-        chunk's additive mask, None for a chunk with nothing cached before it (causal)."""
+        chunk's additive mask (in ``compute``), None for a chunk with nothing cached
+        before it (causal). ``compute``: the dtype the kernel runs in (default ``q``'s);
+        another one widens the gathered rows to it and rounds the output back."""
         q_len = q.shape[0]
+        compute = q.dtype if compute is None else compute
         # [1, Hkv, L, D] strided views of the gathered rows: SDPA takes them as they are
         # (bit-identical to contiguous copies, and ~15% faster for 24 queries over 1,048
         # keys without the transposing copy).
@@ -350,11 +367,13 @@ class TorchAttentionBackend:
         k = cls._rows(k_cache, table)[:seq_len].view(1, seq_len, hkv, d).transpose(1, 2)
         v = cls._rows(v_cache, table)[:seq_len].view(1, seq_len, hkv, d).transpose(1, 2)
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
+        if compute != q.dtype:
+            qh, k, v = qh.to(compute), k.to(compute), v.to(compute)
         gqa = k.shape[1] != q.shape[1]
         o = torch.nn.functional.scaled_dot_product_attention(
             qh, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
         )
-        return o[0].transpose(0, 1).reshape(q_len, q.shape[1], q.shape[2])
+        return o[0].transpose(0, 1).reshape(q_len, q.shape[1], q.shape[2]).to(q.dtype)
 
 
 def _cache_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

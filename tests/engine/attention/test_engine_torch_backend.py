@@ -3,6 +3,8 @@ attention on contiguous K/V."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -136,14 +138,18 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_bfloat16_prefill_takes_sdpa_only_when_fused(
+def test_bfloat16_prefill_runs_sdpa_in_bf16_only_when_fused(
     fused: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[int] = []
+    """Where bf16 is not native the fused kernel runs in float32 over widened rows (its
+    mask in float32 too) and the output comes back in bfloat16."""
+    calls: list[tuple[torch.dtype | None, torch.dtype | None]] = []
     real = TorchAttentionBackend._prefill_sdpa
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(1)
+        mask, compute = args[5], args[7]
+        assert isinstance(compute, torch.dtype)
+        calls.append((compute, mask.dtype if isinstance(mask, torch.Tensor) else None))
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TorchAttentionBackend, "_prefill_sdpa", staticmethod(counted))
@@ -160,8 +166,20 @@ def test_bfloat16_prefill_takes_sdpa_only_when_fused(
         seq_lens_cpu=(5,),
     )
     q = torch.randn(5, H, D).to(torch.bfloat16)
-    backend.forward(q, cache, cache.clone(), meta, D**-0.5)
-    assert len(calls) == int(fused)
+    out = backend.forward(q, cache, cache.clone(), meta, D**-0.5)
+    assert out.dtype == torch.bfloat16
+    want = torch.bfloat16 if fused else torch.float32
+    assert calls == [(want, None)]
+    # a chunk after cached tokens: its additive mask is in the kernel's dtype
+    calls.clear()
+    backend = TorchAttentionBackend(fused_bf16_prefill=fused)
+    after = dataclasses.replace(
+        meta, query_start_loc=torch.tensor([0, 3], dtype=torch.int32),
+        slot_mapping=torch.arange(2, 5, dtype=torch.int64), max_query_len=3,
+        query_lens_cpu=(3,),
+    )  # fmt: skip
+    backend.forward(q[:3], cache, cache.clone(), after, D**-0.5)
+    assert calls == [(want, want)]
 
 
 def _layer(
