@@ -10,9 +10,14 @@ of each row). Two ways to multiply:
   depend on the rows beside it; every linear, the MLP's down projection and the LM head
   included, is quantized.
 * :class:`Int8DynamicLinear` (elsewhere): torch's x86 quantized engine (fbgemm), one
-  asymmetric uint8 scale per call (``reduce_range=False``, exact on CPUs with VNNI) and
-  float32 output. The down projection stays in the model's dtype (:data:`KEEP`): its
-  input, SiLU(gate) * up, has outlier channels that one per-tensor scale cannot hold.
+  asymmetric uint8 scale per call and float32 output. Where the CPU has VNNI
+  (``avx512_vnni``/``avx_vnni``) the inputs take all 8 bits (``reduce_range=False``,
+  exact there); elsewhere 7 (``reduce_range=True``): without VNNI fbgemm sums pairs of
+  uint8 x int8 products in int16 (``vpmaddubsw``), which saturates on full-range inputs
+  (255 * 127 * 2 > 32,767). With 8 bits on an AVX2-only EPYC the bench's greedy answers
+  shared 0.15% of their tokens with vLLM's (0 of 64 identical): garbage. The down
+  projection stays in the model's dtype (:data:`KEEP`): its input, SiLU(gate) * up, has
+  outlier channels that one per-tensor scale cannot hold.
 
 Why: without AMX a bfloat16 product runs on AVX-512 ``vdpbf16ps`` (32 multiply-adds per
 instruction); int8 ``vpdpbusd`` does 64 at the same rate, and the weights stream half the
@@ -38,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.dtype_choice import cpu_flags
 from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm
 from engine.model.packed_linear import PAIRED, sharing_parameters
 
@@ -47,6 +53,15 @@ def int8_available() -> bool:
     return "x86" in torch.backends.quantized.supported_engines or (
         "fbgemm" in torch.backends.quantized.supported_engines
     )
+
+
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})  # u8 x s8 sums in int32, not int16
+
+
+def reduce_range_needed(flags: frozenset[str]) -> bool:
+    """Whether fbgemm's dynamic linear must quantize inputs to 7 bits on a CPU with
+    these flags (no VNNI: its int16 pair sums saturate on 8-bit inputs)."""
+    return not flags & VNNI_FLAGS
 
 
 def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -65,9 +80,13 @@ class Int8DynamicLinear(nn.Linear):
     quantized copy of the weight (module docstring)."""
 
     packed: Any  # torch's packed-parameters object (not a tensor)
+    reduce_range: bool  # 7-bit inputs (a CPU without VNNI: module docstring)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8DynamicLinear:
+    def from_linear(
+        cls, linear: nn.Linear, reduce_range: bool | None = None
+    ) -> Int8DynamicLinear:
+        """``reduce_range``: default :func:`reduce_range_needed` on this CPU."""
         if linear.weight.device.type != "cpu":
             raise ValueError(f"int8 linears run on the CPU, not {linear.weight.device}")
         if not int8_available():
@@ -76,11 +95,14 @@ class Int8DynamicLinear(nn.Linear):
         bias = None if linear.bias is None else linear.bias.detach().float()
         with torch.no_grad():
             layer.packed = torch.ops.quantized.linear_prepack(quantize_weight(linear.weight), bias)
+        layer.reduce_range = (
+            reduce_range_needed(cpu_flags()) if reduce_range is None else reduce_range
+        )
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
-        out = torch.ops.quantized.linear_dynamic(rows, self.packed, False)
+        out = torch.ops.quantized.linear_dynamic(rows, self.packed, self.reduce_range)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -10,6 +10,7 @@ from torch import nn
 from engine.api import GenerationRequest, SamplingParams
 from engine.cli import engine_config
 from engine.config import EngineConfig
+from engine.dtype_choice import cpu_flags
 from engine.factory import build_llm_engine, load_model
 from engine.kernels.cpu_fused import FusedKernels, silu_mul
 from engine.kernels.cpu_gemm import NativeInt8Gemm, int8_gemm_here
@@ -20,6 +21,7 @@ from engine.model.int8_linear import (
     int8_available,
     quantize_linears,
     quantize_weight,
+    reduce_range_needed,
 )
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no x86/fbgemm quantized engine")
@@ -47,6 +49,29 @@ def test_product_is_close_to_the_float_one(rows: int, bias: bool, dtype: torch.d
     assert got.dtype == dtype and got.shape == expected.shape
     error = (got.float() - expected).norm() / expected.norm()
     assert error < 0.03, f"relative error {error:.4f}"
+
+
+def test_full_range_inputs_do_not_saturate_on_this_cpu() -> None:
+    """Inputs at the top of their uint8 range against weights at the top of int8's: on a
+    CPU without VNNI fbgemm's int16 pair sums would saturate on 8-bit inputs (255 * 127 *
+    2 > 32,767), so the layer quantizes them to 7 bits there."""
+    linear = nn.Linear(256, 8, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(1.0)
+    x = torch.ones(4, 256)
+    x[:, 0] = -1.0  # the range's bottom: every other input sits at uint8 255
+    expected = nn.functional.linear(x, linear.weight)
+    layer = Int8DynamicLinear.from_linear(linear)
+    assert layer.reduce_range == reduce_range_needed(cpu_flags())
+    with torch.inference_mode():
+        got = layer(x)
+    torch.testing.assert_close(got, expected, rtol=0.02, atol=0.0)
+
+
+def test_reduce_range_only_without_vnni() -> None:
+    assert reduce_range_needed(frozenset({"avx2", "fma"}))
+    assert not reduce_range_needed(frozenset({"avx2", "avx_vnni"}))
+    assert not reduce_range_needed(frozenset({"avx512f", "avx512_vnni"}))
 
 
 def test_leading_dimensions_are_kept() -> None:
