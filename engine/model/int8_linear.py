@@ -179,6 +179,7 @@ def quantize_linears(
     place; the number replaced. Layers whose attribute name is in ``keep`` stay; by
     default none on the native path, :data:`KEEP` on fbgemm's."""
     replaced = 0
+    reduce_range = reduce_range_needed(cpu_flags())  # read once, not per layer
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if (
@@ -195,6 +196,6 @@ def quantize_linears(
                 paired = name in PAIRED  # gate rows, then up: SiLU * up fused
                 setattr(parent, name, NativeInt8Linear.from_linear(child, native, paired))
             else:
-                setattr(parent, name, Int8DynamicLinear.from_linear(child))
+                setattr(parent, name, Int8DynamicLinear.from_linear(child, reduce_range))
             replaced += 1
     return replaced

@@ -4,7 +4,7 @@ native CPU kernels (skipping where this machine cannot build them)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -13,6 +13,8 @@ from engine.config import EngineConfig
 from engine.factory import LoadedModel, load_model
 from engine.kernels.cpu_fused import FusedKernels, fused_kernels_here
 from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
+
+_Kernel = TypeVar("_Kernel")
 
 HFGreedy = Callable[[list[int], int], list[int]]
 
@@ -66,28 +68,32 @@ def tiny_hf(tiny_model: LoadedModel) -> HFGreedy:
     return hf_twin(tiny_model)
 
 
+def _built(found: _Kernel | None, why_not: str) -> _Kernel:
+    """A native kernel the fixture found, else the test skips (it cannot run here)."""
+    if found is None:
+        pytest.skip(why_not)
+    return found
+
+
 @pytest.fixture(scope="session")
 def native_gemm() -> NativeGemm:
     """The native bfloat16 linear kernel (engine.kernels.cpu_gemm)."""
-    found = gemm_here()
-    if found is None:
-        pytest.skip("no AVX512-BF16 or no compiler here: the bfloat16 kernel is not built")
-    return found
+    return _built(
+        gemm_here(), "no AVX512-BF16 or no compiler here: the bfloat16 kernel is not built"
+    )
 
 
 @pytest.fixture(scope="session")
 def int8_gemm() -> NativeInt8Gemm:
     """The native int8 linear kernel (engine.kernels.cpu_gemm)."""
-    found = int8_gemm_here()
-    if found is None:
-        pytest.skip("no AVX512-VNNI/BF16 or no compiler here: the int8 kernel is not built")
-    return found
+    return _built(
+        int8_gemm_here(), "no AVX512-VNNI/BF16 or no compiler here: the int8 kernel is not built"
+    )
 
 
 @pytest.fixture(scope="session")
 def fused_kernels() -> FusedKernels:
     """The fused small-op kernels (engine.kernels.cpu_fused)."""
-    found = fused_kernels_here()
-    if found is None:
-        pytest.skip("no AVX-512 or no compiler here: the fused CPU kernels are not built")
-    return found
+    return _built(
+        fused_kernels_here(), "no AVX-512 or no compiler here: the fused CPU kernels are not built"
+    )
