@@ -27,14 +27,30 @@ best of 11, against torch's oneDNN-packed bfloat16 linear in the same run, us pe
 1.2-1.9x at 16 rows, 1.07-1.33x at 64, 1.05-1.19x at 512; of the outputs, ~1 in 10,000
 differs from oneDNN's in its last bit. The int8 kernel runs the same 512-bit dot products
 a cycle with twice the multiply-adds each: 620-830 GOP/s at 64-512 rows against the
-bfloat16 kernel's 410-450 GFLOP/s. Whether the bfloat16 kernel wins on another CPU (oneDNN
-multiplies on AMX tiles where it has them) is raced at start-up:
-:mod:`engine.model.native_linear`.
+bfloat16 kernel's 410-450 GFLOP/s. Whether the bfloat16 kernel wins on another CPU is
+raced at start-up: :mod:`engine.model.native_linear`.
+
+Where the CPU has AMX-BF16 and Linux grants the process the tile state, the bfloat16
+kernel multiplies on the tiles (:attr:`NativeGemm.amx`; the same packed panels feed them;
+:meth:`NativeGemm.on_vectors` keeps the AVX-512 path). On a 2-core Xeon with AMX its
+AVX-512 path ran ~200 GFLOP/s, far behind oneDNN's AMX matmul; on the tiles, same run,
+us per call against oneDNN (``bench/cpu_gemm.py``)::
+
+    k x n (layer)          rows 1        16          64           128         512
+    576 x 960 (q/k/v)      56 vs 98     56 vs 93    99 vs 128    171 vs 202    498 vs 441
+    576 x 576 (o)          29 vs 68     26 vs 63    56 vs 88      91 vs 119    305 vs 486
+    576 x 3,072 (gate/up) 160 vs 235   168 vs 255  281 vs 367    472 vs 512  1,563 vs 1,612
+    1,536 x 576 (down)     78 vs 110    79 vs 116  124 vs 165    194 vs 227    634 vs 946
+    576 x 49,152 (head) 2,133 vs 2,654 2,233 vs 2,731 4,108 vs 3,789 6,607 vs 5,877 34,831 vs 34,102
+
+The tiles' sums differ from the AVX-512 path's in the last bit of ~1 output in 10,000;
+rows stay batch-invariant.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -87,12 +103,19 @@ class NativeGemm:
     _packed_size: Callable[..., int]
     _pack: Callable[..., int]
     _gemm: Callable[..., int]
+    amx: bool = False  # multiplies on the AMX tiles (load_gemm: where the process has them)
 
     @staticmethod
     def supports(weight: torch.Tensor, paired: bool = False) -> bool:
         """Whether ``weight`` [n, k] can be packed: bfloat16 on the CPU, n a multiple of
-        16 (128 paired), k even."""
+        16 (128 paired), k even (on the AMX tiles where k is a multiple of 32, else on
+        the vectors)."""
         return weight.dtype == torch.bfloat16 and _shape_ok(weight, 2, paired)
+
+    def on_vectors(self) -> NativeGemm:
+        """The same library on its AVX-512 dot products, not the AMX tiles (packed weights
+        are the same for both)."""
+        return dataclasses.replace(self, amx=False)
 
     def pack(self, weight: torch.Tensor, paired: bool = False) -> torch.Tensor:
         """The packed copy of ``weight`` [n, k] (:meth:`supports`), 64-byte aligned."""
@@ -138,7 +161,7 @@ class NativeGemm:
         out = torch.empty((rows, width), dtype=torch.bfloat16)
         if rows and self._gemm(x.data_ptr(), x.stride(0), rows, packed.data_ptr(), n, k,
                                int(paired), int(silu), out.data_ptr(), width,
-                               threads):  # fmt: skip
+                               threads, int(self.amx)):  # fmt: skip
             raise ValueError(f"the library refused a [{rows}, {k}] x [{n}, {k}] product"
                              + (" (paired)" if paired else ""))  # fmt: skip
         return out
@@ -232,9 +255,10 @@ def _library(cache_dir: Path) -> tuple[Path, ctypes.CDLL]:
 
 @functools.cache
 def load_gemm(cache_dir: Path) -> NativeGemm:
-    """The bfloat16 kernel's entry points; memoised per process. RuntimeError or OSError
-    where the library cannot be built or loaded here; RuntimeError where it was built
-    without the kernel (no AVX512-BF16)."""
+    """The bfloat16 kernel's entry points, on the AMX tiles where the build and the CPU
+    have AMX-BF16 and the kernel grants them; memoised per process. RuntimeError or
+    OSError where the library cannot be built or loaded here; RuntimeError where it was
+    built without the kernel (no AVX512-BF16)."""
     path, lib = _library(cache_dir)
     if not lib.kvt_gemm_available():
         raise RuntimeError("the CPU lacks AVX512-BF16 (no bfloat16 dot products)")
@@ -244,10 +268,11 @@ def load_gemm(cache_dir: Path) -> NativeGemm:
     pack = lib.kvt_gemm_pack
     pack.argtypes, pack.restype = [ptr, i32, i32, i32, ptr], i32  # w, n, k, paired, packed
     gemm = lib.kvt_gemm
-    # x, its row stride, rows, packed, n, k, paired, silu, out, its row stride, threads
-    gemm.argtypes = [ptr, i64, i32, ptr, i32, i32, i32, i32, ptr, i64, i32]
+    # x, its row stride, rows, packed, n, k, paired, silu, out, its row stride, threads, amx
+    gemm.argtypes = [ptr, i64, i32, ptr, i32, i32, i32, i32, ptr, i64, i32, i32]
     gemm.restype = i32
-    return NativeGemm(path, size, pack, gemm)
+    amx = bool(lib.kvt_gemm_amx_available())  # asks the kernel for the tiles once
+    return NativeGemm(path, size, pack, gemm, amx)
 
 
 @functools.cache

@@ -1,11 +1,13 @@
-"""bfloat16 linear layers on the native AVX512-BF16 kernel (:mod:`engine.kernels.cpu_gemm`)
-where it beats oneDNN here.
+"""bfloat16 linear layers on the native kernel (:mod:`engine.kernels.cpu_gemm`: AVX512-BF16
+dot products, or AMX tiles where the process has them) where it beats oneDNN here.
 
 :func:`native_rows_limit` races the two at start-up on SmolLM2-135M's MLP projection
 (576 -> 3,072, random weights), best of interleaved runs, at :data:`RACE_ROWS`: the
 native kernel takes every call (:data:`ALL_ROWS`) where it wins at both, calls of up to
-the smaller count where it wins only there (a decode step's rows), none where it loses
-(oneDNN on AMX tiles, say). :func:`use_native_linears` hands a model's eligible
+the smaller count where it wins only there (a decode step's rows), none where it loses.
+On a 2-core AMX Xeon its AVX-512 path lost at both (1.07-1.18 vs 0.29-0.33 ms at 64
+rows); its AMX path takes decode steps (0.18-0.24 vs 0.23-0.30 ms; 512 rows stay
+oneDNN's: 1.10-1.15 vs 0.88-0.99 ms). :func:`use_native_linears` hands a model's eligible
 :class:`engine.model.packed_linear.PackedLinear` layers to it.
 
 Taking every call keeps each row's result independent of its batch: a row's sums run

@@ -29,10 +29,25 @@
 // same run, 290-410, and the int8 one 620-830 GOP/s (bench/cpu_gemm.py). Where oneDNN has
 // AMX it multiplies far faster on large batches; the engine races the two at start-up
 // (engine.model.native_linear).
+//
+// AMX (kvt_gemm with amx=1, where the build targets AMX-BF16 and the kernel grants the
+// process the tile state): the same panels feed the tiles as they are. A B tile is 16
+// pairs (32 input values) x 16 columns, the panel's vector at stride V x 64 bytes; an A
+// tile is 16 rows x 32 inputs of x in place; V float32 C tiles sum a 16-row block of one
+// panel, pair after pair as vdpbf16ps does, then run through the same epilogues. A
+// block of fewer rows loads a tile configuration of that many. On a 2-core Xeon with AMX
+// the AVX-512 kernel ran the projections at ~200 GFLOP/s, oneDNN's AMX matmul at 500-1300:
+// decode rows there are the tiles' work.
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define KVT_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "cpu_simd.h"
 
@@ -176,6 +191,97 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, in
 }
 #endif
 
+#ifdef KVT_AMX
+// Tiles: 0..2 the C sums of a panel's vectors, 3 the A rows, 4..6 the B vectors. (Two
+// row blocks a pass, each B vector loaded once for both, measured no faster here.)
+struct alignas(64) TileConfig {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+inline void amx_configure(int rows) {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        cfg.colsb[t] = 64;  // 16 float32 sums, 32 bfloat16 inputs, or 16 pairs' columns
+        cfg.rows[t] = uint8_t(t < 4 ? rows : 16);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// All m rows against one panel of V vectors, 16 rows a block; ``configured``: the block
+// height of the tile configuration this thread has loaded (0: none).
+template <int V, typename Epi>
+void panel_rows_amx(const uint16_t* x, int64_t ldx, int m, const Panel& pn, int pairs, const Epi& epi,
+                    int& configured) {
+    alignas(64) float sums[V][16 * 16];
+    const int64_t b_stride = int64_t(V) * 64;  // bytes from one pair to the next in a vector
+    for (int r0 = 0; r0 < m; r0 += 16) {
+        const int rows = m - r0 < 16 ? m - r0 : 16;
+        if (rows != configured) {
+            amx_configure(rows);
+            configured = rows;
+        }
+        _tile_zero(0);
+        if constexpr (V > 1) _tile_zero(1);
+        if constexpr (V > 2) _tile_zero(2);
+        const uint16_t* a = x + r0 * ldx;
+        for (int q = 0; q < pairs; q += 16) {
+            const uint32_t* b = pn.data + int64_t(q) * V * 16;
+            _tile_loadd(3, a + 2 * q, ldx * 2);
+            _tile_loadd(4, b, b_stride);
+            _tile_dpbf16ps(0, 3, 4);
+            if constexpr (V > 1) {
+                _tile_loadd(5, b + 16, b_stride);
+                _tile_dpbf16ps(1, 3, 5);
+            }
+            if constexpr (V > 2) {
+                _tile_loadd(6, b + 32, b_stride);
+                _tile_dpbf16ps(2, 3, 6);
+            }
+        }
+        _tile_stored(0, sums[0], 64);
+        if constexpr (V > 1) _tile_stored(1, sums[1], 64);
+        if constexpr (V > 2) _tile_stored(2, sums[2], 64);
+        for (int r = 0; r < rows; r++) {
+            __m512 y[V];
+            for (int v = 0; v < V; v++) y[v] = _mm512_load_ps(sums[v] + r * 16);
+            epi(r0 + r, y, pn.col);
+        }
+    }
+}
+
+template <typename Epi>
+void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int n, int pairs,
+                   bool paired, const Epi& epi, int threads) {
+    const int vectors = n / 16;
+#pragma omp parallel num_threads(threads)
+    {
+        int configured = 0;
+#pragma omp for schedule(static)
+        for (int p = 0; p < panel_count(vectors, paired); p++) {
+            const Panel pn = panel_of(packed, p, vectors, pairs, paired);
+            switch (pn.vectors) {
+                case 1: panel_rows_amx<1>(x, ldx, m, pn, pairs, epi, configured); break;
+                case 2: panel_rows_amx<2>(x, ldx, m, pn, pairs, epi, configured); break;
+                default: panel_rows_amx<NR>(x, ldx, m, pn, pairs, epi, configured); break;
+            }
+        }
+        if (configured) _tile_release();
+    }
+}
+
+// Asks the kernel for this process's AMX tile state (Linux: arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA); true once granted.
+inline bool amx_permitted() {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#endif
+
 #ifdef __AVX512VNNI__
 // acc + the 4-byte dot products of a (uint8) and w (int8). Inline assembly, not
 // _mm512_dpbusd_epi32: GCC 12 keeps the intrinsic's 24 accumulators on the stack (a store
@@ -290,6 +396,16 @@ int kvt_gemm_available() {
 #endif
 }
 
+// Whether this build has the AMX path and the process may use the tiles (asks the
+// kernel for them; 0 where the build or the CPU lacks AMX-BF16 or the kernel refuses).
+int kvt_gemm_amx_available() {
+#ifdef KVT_AMX
+    return amx_permitted() ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
 // uint32 elements of the packed copy of an [n, k] bfloat16 weight.
 int64_t kvt_gemm_packed_size(int n, int k) { return int64_t(n) * (k / 2); }
 
@@ -306,12 +422,24 @@ int kvt_gemm_pack(const uint16_t* w, int n, int k, int paired, uint32_t* packed)
 
 // out (row stride ldo) from x [m, k] (row stride ldx) times the packed weight's
 // transpose, on ``threads`` OpenMP threads: [m, n], or with ``silu`` (paired weights
-// only) [m, n / 2] = SiLU(gate) * up. 1 if the build lacks the kernel or the arguments do
-// not fit, else 0.
+// only) [m, n / 2] = SiLU(gate) * up; ``amx``: on the tiles where k is a multiple of 32
+// (after kvt_gemm_amx_available). 1 if the build lacks the kernel or the arguments do not
+// fit, else 0.
 int kvt_gemm(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int n, int k,
-             int paired, int silu, uint16_t* out, int64_t ldo, int threads) {
+             int paired, int silu, uint16_t* out, int64_t ldo, int threads, int amx) {
 #ifdef __AVX512BF16__
     if (!packable(n, k, 2, paired) || m < 0 || (silu && !paired)) return 1;
+    if (amx && k % 32 == 0) {  // (a k of another size: on the vectors)
+#ifdef KVT_AMX
+        if (silu)
+            gemm_bf16_amx(x, ldx, m, packed, n, k / 2, true, SiluMul{out, ldo}, threads);
+        else
+            gemm_bf16_amx(x, ldx, m, packed, n, k / 2, paired, Plain{out, ldo}, threads);
+        return 0;
+#else
+        return 1;
+#endif
+    }
     if (silu)
         gemm_bf16(x, ldx, m, packed, n, k / 2, true, SiluMul{out, ldo}, threads);
     else
@@ -319,7 +447,7 @@ int kvt_gemm(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int 
     return 0;
 #else
     (void)x; (void)ldx; (void)m; (void)packed; (void)n; (void)k; (void)paired; (void)silu;
-    (void)out; (void)ldo; (void)threads;
+    (void)out; (void)ldo; (void)threads; (void)amx;
     return 1;
 #endif
 }

@@ -188,3 +188,50 @@ def test_paired_layouts_refuse_what_they_cannot_hold(
         int8_gemm.quantize(w, paired=True)
     with pytest.raises(ValueError, match="paired=True"):
         int8_gemm.silu_mul(x, int8_gemm.quantize(w), threads=2)
+
+
+# The AMX path (where the CPU and the kernel give this process the tiles): the same packed
+# panels, 16-row blocks with a tile configuration for the last partial one.
+
+
+@pytest.fixture(scope="module")
+def amx_gemm(native_gemm: NativeGemm) -> NativeGemm:
+    if not native_gemm.amx:
+        pytest.skip("no AMX tiles for this process here")
+    return native_gemm
+
+
+@pytest.mark.parametrize("m", [1, 15, 16, 17, 40, 64])
+@pytest.mark.parametrize("n", [16, 32, 48, 112, 976])
+def test_amx_products_match_the_vectors(amx_gemm: NativeGemm, m: int, n: int) -> None:
+    k = 96  # three 32-input steps
+    x, w = _case(m, n, k, seed=m + n)
+    packed = amx_gemm.pack(w)
+    out = amx_gemm.linear(x, packed, n, threads=2)
+    vectors = amx_gemm.on_vectors().linear(x, packed, n, threads=2)
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    assert torch.allclose(out.float(), ref, rtol=2**-8, atol=1e-4 * ref.abs().max().item())
+    assert (out != vectors).float().mean() < 0.01  # the tiles' summing, in a last bit
+
+
+def test_amx_rows_are_batch_invariant_across_blocks(amx_gemm: NativeGemm) -> None:
+    x, w = _case(40, 144, 576, seed=3)  # two full 16-row blocks and a tail of 8
+    packed = amx_gemm.pack(w)
+    whole = amx_gemm.linear(x, packed, 144, threads=2)
+    for i in range(40):
+        assert torch.equal(amx_gemm.linear(x[i : i + 1], packed, 144, threads=1), whole[i : i + 1])
+    assert torch.equal(amx_gemm.linear(x[3:30], packed, 144, threads=2), whole[3:30])
+
+
+def test_amx_paired_silu_and_a_k_the_tiles_do_not_take(
+    amx_gemm: NativeGemm, fused_kernels: FusedKernels
+) -> None:
+    x, w = _case(21, 256, 64, seed=4)
+    plain = amx_gemm.linear(x, amx_gemm.pack(w), 256, threads=2)
+    paired = amx_gemm.pack(w, paired=True)
+    assert torch.equal(amx_gemm.linear(x, paired, 256, threads=2, paired=True), plain)
+    assert torch.equal(amx_gemm.silu_mul(x, paired, 256, threads=2), silu_mul(fused_kernels, plain))
+    x, w = _case(5, 48, 72, seed=5)  # k = 72: not a multiple of 32, runs on the vectors
+    packed = amx_gemm.pack(w)
+    assert torch.equal(amx_gemm.linear(x, packed, 48, 2),
+                       amx_gemm.on_vectors().linear(x, packed, 48, 2))  # fmt: skip
