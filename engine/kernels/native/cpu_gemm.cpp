@@ -45,6 +45,9 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define KVT_AMX 1
+#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+#define KVT_AMX_I8 1
+#endif
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -361,24 +364,93 @@ inline void quantize_row(const uint16_t* x, int k, uint8_t* q, float* scale) {
     }
 }
 
+#ifdef KVT_AMX_I8
+// The AMX int8 path (tdpbusd): the bfloat16 path's blocks and tile configuration, a tile
+// step 16 quads (64 inputs) deep, int32 sums exact, then micro_i8's epilogue: the same
+// outputs bit for bit.
+template <int V, typename Epi>
+void panel_rows_i8_amx(const uint8_t* x, int64_t ldx, int m, const Panel& pn, int quads,
+                       const float* row_scale, const float* col_scale, const int32_t* comp,
+                       const Epi& epi, int& configured) {
+    alignas(64) int32_t sums[V][16 * 16];
+    const int64_t b_stride = int64_t(V) * 64;  // bytes from one quad to the next in a vector
+    for (int r0 = 0; r0 < m; r0 += 16) {
+        const int rows = m - r0 < 16 ? m - r0 : 16;
+        if (rows != configured) {
+            amx_configure(rows);
+            configured = rows;
+        }
+        _tile_zero(0);
+        if constexpr (V > 1) _tile_zero(1);
+        if constexpr (V > 2) _tile_zero(2);
+        const uint8_t* a = x + r0 * ldx;
+        for (int q = 0; q < quads; q += 16) {
+            const uint32_t* b = pn.data + int64_t(q) * V * 16;
+            _tile_loadd(3, a + 4 * q, ldx);
+            _tile_loadd(4, b, b_stride);
+            _tile_dpbusd(0, 3, 4);
+            if constexpr (V > 1) {
+                _tile_loadd(5, b + 16, b_stride);
+                _tile_dpbusd(1, 3, 5);
+            }
+            if constexpr (V > 2) {
+                _tile_loadd(6, b + 32, b_stride);
+                _tile_dpbusd(2, 3, 6);
+            }
+        }
+        _tile_stored(0, sums[0], 64);
+        if constexpr (V > 1) _tile_stored(1, sums[1], 64);
+        if constexpr (V > 2) _tile_stored(2, sums[2], 64);
+        for (int r = 0; r < rows; r++) {
+            __m512 y[V];
+            const __m512 rs = _mm512_set1_ps(row_scale[r0 + r]);
+            for (int v = 0; v < V; v++) {
+                const __m512i acc = _mm512_load_si512(sums[v] + r * 16);
+                const __m512i c = _mm512_loadu_si512(comp + pn.col[v]);
+                const __m512 sc = _mm512_loadu_ps(col_scale + pn.col[v]);
+                y[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, c)), _mm512_mul_ps(sc, rs));
+            }
+            epi(r0 + r, y, pn.col);
+        }
+    }
+}
+#endif
+
+// ``amx``: the panels on the tiles (k a multiple of 64; the caller checks).
 template <typename Epi>
 void gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, const float* col_scale,
              const int32_t* comp, int n, int k, bool paired, const Epi& epi, uint8_t* scratch,
-             float* row_scale, int threads) {
+             float* row_scale, int threads, bool amx) {
     const int vectors = n / 16, quads = k / 4;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + int64_t(r) * k, row_scale + r);
+        int configured = 0;
 #pragma omp for schedule(static)
         for (int p = 0; p < panel_count(vectors, paired); p++) {
             const Panel pn = panel_of(packed, p, vectors, quads, paired);
+#ifdef KVT_AMX_I8
+            if (amx) {
+                switch (pn.vectors) {
+                    case 1: panel_rows_i8_amx<1>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi, configured); break;
+                    case 2: panel_rows_i8_amx<2>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi, configured); break;
+                    default: panel_rows_i8_amx<NR>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi, configured); break;
+                }
+                continue;
+            }
+#else
+            (void)amx;
+#endif
             switch (pn.vectors) {
                 case 1: panel_rows_i8<1>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
                 case 2: panel_rows_i8<2>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
                 default: panel_rows_i8<NR>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
             }
         }
+#ifdef KVT_AMX_I8
+        if (configured) _tile_release();
+#endif
     }
 }
 #endif
@@ -484,24 +556,42 @@ int kvt_gemm_i8_pack(const int8_t* w, int n, int k, int paired, uint32_t* packed
 // int8 with its own scale (so a row's result does not depend on its batch), times the
 // packed int8 weight's transpose, scaled by ``col_scale`` [n]: [m, n], or with ``silu``
 // (paired weights only) [m, n / 2] = SiLU(gate) * up. ``scratch`` holds m * k bytes and
-// ``row_scale`` m floats. On ``threads`` OpenMP threads; 1 if the build lacks the kernel
-// or the arguments do not fit, else 0.
+// ``row_scale`` m floats. On ``threads`` OpenMP threads; ``amx``: on the tiles where k is
+// a multiple of 64 (after kvt_gemm_i8_amx_available; the same outputs). 1 if the build
+// lacks the kernel or the arguments do not fit, else 0.
 int kvt_gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed,
                 const float* col_scale, const int32_t* comp, int n, int k, int paired, int silu,
-                uint16_t* out, int64_t ldo, uint8_t* scratch, float* row_scale, int threads) {
+                uint16_t* out, int64_t ldo, uint8_t* scratch, float* row_scale, int threads,
+                int amx) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BF16__)
     if (!packable(n, k, 16, paired) || m < 0 || (silu && !paired)) return 1;
+#ifdef KVT_AMX_I8
+    const bool tiles = amx && k % 64 == 0;
+#else
+    const bool tiles = false;
+    (void)amx;
+#endif
     if (silu)
         gemm_i8(x, ldx, m, packed, col_scale, comp, n, k, true, SiluMul{out, ldo}, scratch,
-                row_scale, threads);
+                row_scale, threads, tiles);
     else
         gemm_i8(x, ldx, m, packed, col_scale, comp, n, k, paired, Plain{out, ldo}, scratch,
-                row_scale, threads);
+                row_scale, threads, tiles);
     return 0;
 #else
     (void)x; (void)ldx; (void)m; (void)packed; (void)col_scale; (void)comp; (void)n; (void)k;
     (void)paired; (void)silu; (void)out; (void)ldo; (void)scratch; (void)row_scale; (void)threads;
+    (void)amx;
     return 1;
+#endif
+}
+
+// Whether this build has the int8 AMX path and the process may use the tiles.
+int kvt_gemm_i8_amx_available() {
+#ifdef KVT_AMX_I8
+    return amx_permitted() ? 1 : 0;
+#else
+    return 0;
 #endif
 }
 

@@ -235,3 +235,30 @@ def test_amx_paired_silu_and_a_k_the_tiles_do_not_take(
     packed = amx_gemm.pack(w)
     assert torch.equal(amx_gemm.linear(x, packed, 48, 2),
                        amx_gemm.on_vectors().linear(x, packed, 48, 2))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def amx_int8_gemm(int8_gemm: NativeInt8Gemm) -> NativeInt8Gemm:
+    if not int8_gemm.amx:
+        pytest.skip("no AMX int8 tiles for this process here")
+    return int8_gemm
+
+
+@pytest.mark.parametrize("m", [1, 15, 17, 40])
+@pytest.mark.parametrize("n", [16, 48, 112, 384])
+def test_amx_int8_products_equal_the_vectors_bit_for_bit(
+    amx_int8_gemm: NativeInt8Gemm, m: int, n: int
+) -> None:
+    x, w = _case(m, n, 128, seed=m * n + 2)  # two 64-input tile steps
+    vectors = amx_int8_gemm.on_vectors()
+    weight = amx_int8_gemm.quantize(w)
+    assert torch.equal(amx_int8_gemm.linear(x, weight, threads=2),
+                       vectors.linear(x, weight, threads=2))  # fmt: skip
+    if n % 128 == 0:
+        paired = amx_int8_gemm.quantize(w, paired=True)
+        assert torch.equal(amx_int8_gemm.silu_mul(x, paired, threads=2),
+                           vectors.silu_mul(x, paired, threads=2))  # fmt: skip
+    x, w = _case(m, n, 80, seed=m + n)  # k = 80: not a multiple of 64, on the vectors
+    weight = amx_int8_gemm.quantize(w)
+    assert torch.equal(amx_int8_gemm.linear(x, weight, threads=2),
+                       vectors.linear(x, weight, threads=2))  # fmt: skip
