@@ -44,13 +44,16 @@ class LazyCommand:
 # worker's 64-request bench ran at ~200 output tok/s with ACTIVE against ~560 passive.
 # With the native GEMM kernels a step runs ~120 short parallel regions whose gaps (tens
 # of microseconds of Python and single-threaded small ops) each cost a sleep and a
-# wake-up; GOMP_SPINCOUNT bounds the spin instead (3,000 pause loops, tens of
+# wake-up; GOMP_SPINCOUNT bounds the spin instead (10,000 pause loops, tens of
 # microseconds, then sleep: the gaps between steps still free the core). On the Zen 4
 # EPYC, 64 requests over HTTP, first round, alternating servers: int8 linears 467 / 467
 # tok/s vs 396 / 414 passive (30,000 spins: 493 / 457 / 508); bfloat16 323 vs 314.
+# On the 2-core AMX Xeon with the AMX linears (bfloat16, same run, a worker each,
+# alternating): 3,000 spins 408 / 423 tok/s, 10,000 471 / 490, 30,000 452 / 467; the
+# cached-1k TTFT 54 ms at 3,000, 43-51 ms at 10,000.
 # libgomp reads the variables once, when it is loaded (torch's on ``import torch``),
 # hence here, before the command's import.
-ENGINE_PROCESS_ENV = (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "3000"))
+ENGINE_PROCESS_ENV = (("OMP_WAIT_POLICY", "PASSIVE"), ("GOMP_SPINCOUNT", "10000"))
 
 
 COMMANDS: dict[str, LazyCommand] = {

@@ -19,7 +19,7 @@ def test_engine_commands_default_to_passive_openmp_waits(
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     build_app([command, "--help"])
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert os.environ["GOMP_SPINCOUNT"] == "3000"
+    assert os.environ["GOMP_SPINCOUNT"] == "10000"
 
 
 def test_a_chosen_policy_is_kept_and_other_commands_set_none(
