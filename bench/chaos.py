@@ -119,8 +119,10 @@ FAULTS: dict[str, Fault] = {
 }
 
 
-def run_fault(env: Env, name: str, clients: int, phase_s: float, fault_s: float) -> dict[str, Any]:
-    """One fault's run and reconciliation (see module doc)."""
+def run_fault(env: Env, name: str, clients: int, phase_s: float, fault_s: float,
+              worker_back_wait_s: float = WORKER_BACK_WAIT_S) -> dict[str, Any]:
+    """One fault's run and reconciliation (see module doc); after a worker fault the load
+    stays on until w1 serves again, for at most ``worker_back_wait_s``."""
     inject, heal = FAULTS[name]
     load = Load(env.gateway, env.key, NUM_WORDS, clients)
     load.start()
@@ -139,7 +141,7 @@ def run_fault(env: Env, name: str, clients: int, phase_s: float, fault_s: float)
     time.sleep(phase_s)
     if name in WORKER_FAULTS:  # keep the load on until w1 serves again (the goal: <= 10 s)
         port = env.proxies["w1"].port
-        while (time.monotonic() - healed < WORKER_BACK_WAIT_S
+        while (time.monotonic() - healed < worker_back_wait_s
                and _first_use(list(load.results), healed, port) is None):
             time.sleep(0.2)
     load.stop()
@@ -222,7 +224,8 @@ def _mount_tmpfs(work: Path) -> Path | None:
 
 
 def run(faults: list[str], clients: int, phase_s: float, fault_s: float, *,
-        pg: str | None = None, redis: str | None = None) -> list[dict[str, Any]]:
+        pg: str | None = None, redis: str | None = None,
+        worker_back_wait_s: float = WORKER_BACK_WAIT_S) -> list[dict[str, Any]]:
     """Run ``faults`` in order on one set of services; one JSON line each (printed)."""
     pg = pg or os.environ["KVTOLL_TEST_DATABASE_URL"]
     redis = redis or os.environ["KVTOLL_TEST_REDIS_URL"]
@@ -237,7 +240,7 @@ def run(faults: list[str], clients: int, phase_s: float, fault_s: float, *,
             if name == "outbox_disk_full" and env.tmpfs is None:
                 line: dict[str, Any] = {"fault": name, "skipped": "needs a tmpfs mount (root)"}
             else:
-                line = run_fault(env, name, clients, phase_s, fault_s)
+                line = run_fault(env, name, clients, phase_s, fault_s, worker_back_wait_s)
             print(json.dumps(line), flush=True)
             out.append(line)
     finally:

@@ -4,7 +4,8 @@ streams within one journal interval), no request hanging (none reaches the clien
 30 s timeout), ``/readyz`` naming a blackholed database while known keys are served
 throughout, a killed worker used again once it is back. The time goals (readyz within
 5 s, timeout + 1 s, 10 s) are wall-clock figures: the bench reports them, this test
-does not hold a shared CI machine to them."""
+does not hold a shared CI machine to them; it waits up to 60 s for the healed worker to
+be used again (once, under the full suite's load, 15 s was not enough)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(600)]
 def test_fast_chaos_subset(postgres_url: str, redis_url: str) -> None:
     lines = {line["fault"]: line
              for line in run(list(FAST_FAULTS), clients=3, phase_s=1.0, fault_s=3.0,
-                             pg=postgres_url, redis=redis_url)}
+                             pg=postgres_url, redis=redis_url, worker_back_wait_s=60.0)}
     assert set(lines) == set(FAST_FAULTS)
     for name, line in lines.items():
         assert line["drained"], name
