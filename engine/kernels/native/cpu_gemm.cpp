@@ -257,6 +257,19 @@ void panel_rows_amx(const uint16_t* x, int64_t ldx, int m, const Panel& pn, int 
     }
 }
 
+constexpr int AMX_CHUNK_ROWS = 256;
+
+// An epilogue for rows from ``shift`` on: row r of a chunk is row shift + r of the call.
+template <typename Epi>
+struct RowShift {
+    const Epi& epi;
+    int shift;
+    template <int V>
+    void operator()(int r, const __m512 (&y)[V], const int64_t* col) const {
+        epi(shift + r, y, col);
+    }
+};
+
 template <typename Epi>
 void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int n, int pairs,
                    bool paired, const Epi& epi, int threads) {
@@ -264,13 +277,21 @@ void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed
 #pragma omp parallel num_threads(threads)
     {
         int configured = 0;
+        // Rows a chunk at a time, every panel within a chunk: a chunk's rows stay in L2
+        // while the panels pass (all of a prefill chunk's rows against every panel ran at
+        // half oneDNN's speed at 2,048 rows).
+        for (int c0 = 0; c0 < m; c0 += AMX_CHUNK_ROWS) {
+            const int rows = m - c0 < AMX_CHUNK_ROWS ? m - c0 : AMX_CHUNK_ROWS;
+            const uint16_t* xc = x + c0 * ldx;
+            const RowShift<Epi> ec{epi, c0};
 #pragma omp for schedule(static)
-        for (int p = 0; p < panel_count(vectors, paired); p++) {
-            const Panel pn = panel_of(packed, p, vectors, pairs, paired);
-            switch (pn.vectors) {
-                case 1: panel_rows_amx<1>(x, ldx, m, pn, pairs, epi, configured); break;
-                case 2: panel_rows_amx<2>(x, ldx, m, pn, pairs, epi, configured); break;
-                default: panel_rows_amx<NR>(x, ldx, m, pn, pairs, epi, configured); break;
+            for (int p = 0; p < panel_count(vectors, paired); p++) {
+                const Panel pn = panel_of(packed, p, vectors, pairs, paired);
+                switch (pn.vectors) {
+                    case 1: panel_rows_amx<1>(xc, ldx, rows, pn, pairs, ec, configured); break;
+                    case 2: panel_rows_amx<2>(xc, ldx, rows, pn, pairs, ec, configured); break;
+                    default: panel_rows_amx<NR>(xc, ldx, rows, pn, pairs, ec, configured); break;
+                }
             }
         }
         if (configured) _tile_release();

@@ -201,7 +201,7 @@ def amx_gemm(native_gemm: NativeGemm) -> NativeGemm:
     return native_gemm
 
 
-@pytest.mark.parametrize("m", [1, 15, 16, 17, 40, 64])
+@pytest.mark.parametrize("m", [1, 15, 16, 17, 40, 64, 300])  # 300: two row chunks
 @pytest.mark.parametrize("n", [16, 32, 48, 112, 976])
 def test_amx_products_match_the_vectors(amx_gemm: NativeGemm, m: int, n: int) -> None:
     k = 96  # three 32-input steps
@@ -215,10 +215,10 @@ def test_amx_products_match_the_vectors(amx_gemm: NativeGemm, m: int, n: int) ->
 
 
 def test_amx_rows_are_batch_invariant_across_blocks(amx_gemm: NativeGemm) -> None:
-    x, w = _case(40, 144, 576, seed=3)  # two full 16-row blocks and a tail of 8
+    x, w = _case(300, 144, 576, seed=3)  # 256-row chunks of 16-row blocks, partial tails
     packed = amx_gemm.pack(w)
     whole = amx_gemm.linear(x, packed, 144, threads=2)
-    for i in range(40):
+    for i in (*range(40), 255, 256, 257, 299):
         assert torch.equal(amx_gemm.linear(x[i : i + 1], packed, 144, threads=1), whole[i : i + 1])
     assert torch.equal(amx_gemm.linear(x[3:30], packed, 144, threads=2), whole[3:30])
 
