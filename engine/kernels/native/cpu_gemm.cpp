@@ -447,31 +447,40 @@ void gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, cons
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + int64_t(r) * k, row_scale + r);
-        int configured = 0;
-#pragma omp for schedule(static)
-        for (int p = 0; p < panel_count(vectors, paired); p++) {
-            const Panel pn = panel_of(packed, p, vectors, quads, paired);
 #ifdef KVT_AMX_I8
-            if (amx) {
-                switch (pn.vectors) {
-                    case 1: panel_rows_i8_amx<1>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi, configured); break;
-                    case 2: panel_rows_i8_amx<2>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi, configured); break;
-                    default: panel_rows_i8_amx<NR>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi, configured); break;
+        if (amx) {  // rows a chunk at a time, as gemm_bf16_amx
+            int configured = 0;
+            for (int c0 = 0; c0 < m; c0 += AMX_CHUNK_ROWS) {
+                const int rows = m - c0 < AMX_CHUNK_ROWS ? m - c0 : AMX_CHUNK_ROWS;
+                const uint8_t* xc = scratch + int64_t(c0) * k;
+                const float* rs = row_scale + c0;
+                const RowShift<Epi> ec{epi, c0};
+#pragma omp for schedule(static)
+                for (int p = 0; p < panel_count(vectors, paired); p++) {
+                    const Panel pn = panel_of(packed, p, vectors, quads, paired);
+                    switch (pn.vectors) {
+                        case 1: panel_rows_i8_amx<1>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
+                        case 2: panel_rows_i8_amx<2>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
+                        default: panel_rows_i8_amx<NR>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
+                    }
                 }
-                continue;
             }
+            if (configured) _tile_release();
+        } else
 #else
-            (void)amx;
+        (void)amx;
 #endif
-            switch (pn.vectors) {
-                case 1: panel_rows_i8<1>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
-                case 2: panel_rows_i8<2>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
-                default: panel_rows_i8<NR>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+        {  // the VNNI path
+#pragma omp for schedule(static)
+            for (int p = 0; p < panel_count(vectors, paired); p++) {
+                const Panel pn = panel_of(packed, p, vectors, quads, paired);
+                switch (pn.vectors) {
+                    case 1: panel_rows_i8<1>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+                    case 2: panel_rows_i8<2>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+                    default: panel_rows_i8<NR>(scratch, k, m, pn, quads, row_scale, col_scale, comp, epi); break;
+                }
             }
         }
-#ifdef KVT_AMX_I8
-        if (configured) _tile_release();
-#endif
     }
 }
 #endif

@@ -244,7 +244,7 @@ def amx_int8_gemm(int8_gemm: NativeInt8Gemm) -> NativeInt8Gemm:
     return int8_gemm
 
 
-@pytest.mark.parametrize("m", [1, 15, 17, 40])
+@pytest.mark.parametrize("m", [1, 15, 17, 40, 300])  # 300: two row chunks
 @pytest.mark.parametrize("n", [16, 48, 112, 384])
 def test_amx_int8_products_equal_the_vectors_bit_for_bit(
     amx_int8_gemm: NativeInt8Gemm, m: int, n: int
