@@ -6,7 +6,8 @@ of each row). Two ways to multiply:
 * :class:`NativeInt8Linear` (where :mod:`engine.kernels.cpu_gemm`'s int8 kernel builds:
   AVX512-VNNI and -BF16): each call quantizes every input row with its own scale
   (symmetric, ``max |x| / 127``) inside the kernel, sums int8 products in int32 with
-  ``vpdpbusd`` and rounds the dequantized sums to bfloat16. A row's result does not
+  ``vpdpbusd`` (on AMX tiles, ``tdpbusd``, where the CPU has AMX-INT8: the same sums)
+  and rounds the dequantized sums to bfloat16. A row's result does not
   depend on the rows beside it; every linear, the MLP's down projection and the LM head
   included, is quantized.
 * :class:`Int8DynamicLinear` (elsewhere): torch's x86 quantized engine (fbgemm), one
