@@ -215,13 +215,35 @@ inline void amx_configure(int rows) {
     _tile_loadconfig(&cfg);
 }
 
-// All m rows against one panel of V vectors, 16 rows a block; ``configured``: the block
+// Tile c += tile a x tile b, int8 (tdpbusd: uint8 rows, int8 weights) where ``Int8``, else
+// bfloat16 (tdpbf16ps). A macro: GCC's tile intrinsics paste their tile numbers into the
+// instruction's text, so they take literals only.
+#ifdef KVT_AMX_I8
+#define KVT_TILE_DOT(c, a, b)            \
+    do {                                 \
+        if constexpr (Int8)              \
+            _tile_dpbusd(c, a, b);       \
+        else                             \
+            _tile_dpbf16ps(c, a, b);     \
+    } while (0)
+#else
+#define KVT_TILE_DOT(c, a, b)                                          \
+    do {                                                               \
+        static_assert(!Int8, "int8 tiles need a build with AMX-INT8"); \
+        _tile_dpbf16ps(c, a, b);                                       \
+    } while (0)
+#endif
+
+// All m rows of ``a`` (``lda`` bytes apart) against one panel of V vectors, 16 rows a
+// block, ``steps`` tile steps deep (a step: 64 bytes of a row, 16 bfloat16 pairs or 16
+// int8 quads, against 16 such units of the panel's vectors); ``finish(r, sums)`` gets row
+// r's V vectors of 16 32-bit sums (float32, or int32 with Int8). ``configured``: the block
 // height of the tile configuration this thread has loaded (0: none).
-template <int V, typename Epi>
-void panel_rows_amx(const uint16_t* x, int64_t ldx, int m, const Panel& pn, int pairs, const Epi& epi,
-                    int& configured) {
-    alignas(64) float sums[V][16 * 16];
-    const int64_t b_stride = int64_t(V) * 64;  // bytes from one pair to the next in a vector
+template <int V, bool Int8, typename Finish>
+void panel_tiles(const uint8_t* a, int64_t lda, int m, const Panel& pn, int steps,
+                 const Finish& finish, int& configured) {
+    alignas(64) uint32_t sums[V][16 * 16];
+    const int64_t b_stride = int64_t(V) * 64;  // bytes from one unit to the next in a vector
     for (int r0 = 0; r0 < m; r0 += 16) {
         const int rows = m - r0 < 16 ? m - r0 : 16;
         if (rows != configured) {
@@ -231,30 +253,43 @@ void panel_rows_amx(const uint16_t* x, int64_t ldx, int m, const Panel& pn, int 
         _tile_zero(0);
         if constexpr (V > 1) _tile_zero(1);
         if constexpr (V > 2) _tile_zero(2);
-        const uint16_t* a = x + r0 * ldx;
-        for (int q = 0; q < pairs; q += 16) {
-            const uint32_t* b = pn.data + int64_t(q) * V * 16;
-            _tile_loadd(3, a + 2 * q, ldx * 2);
+        const uint8_t* block = a + r0 * lda;
+        for (int step = 0; step < steps; step++) {
+            const uint32_t* b = pn.data + int64_t(step) * V * 256;
+            _tile_loadd(3, block + 64 * step, lda);
             _tile_loadd(4, b, b_stride);
-            _tile_dpbf16ps(0, 3, 4);
+            KVT_TILE_DOT(0, 3, 4);
             if constexpr (V > 1) {
                 _tile_loadd(5, b + 16, b_stride);
-                _tile_dpbf16ps(1, 3, 5);
+                KVT_TILE_DOT(1, 3, 5);
             }
             if constexpr (V > 2) {
                 _tile_loadd(6, b + 32, b_stride);
-                _tile_dpbf16ps(2, 3, 6);
+                KVT_TILE_DOT(2, 3, 6);
             }
         }
         _tile_stored(0, sums[0], 64);
         if constexpr (V > 1) _tile_stored(1, sums[1], 64);
         if constexpr (V > 2) _tile_stored(2, sums[2], 64);
         for (int r = 0; r < rows; r++) {
-            __m512 y[V];
-            for (int v = 0; v < V; v++) y[v] = _mm512_load_ps(sums[v] + r * 16);
-            epi(r0 + r, y, pn.col);
+            const uint32_t* row[V];
+            for (int v = 0; v < V; v++) row[v] = sums[v] + r * 16;
+            finish(r0 + r, row);
         }
     }
+}
+
+// All m bfloat16 rows of x against one panel (panel_tiles), through the epilogue.
+template <int V, typename Epi>
+void panel_rows_amx(const uint16_t* x, int64_t ldx, int m, const Panel& pn, int pairs, const Epi& epi,
+                    int& configured) {
+    panel_tiles<V, false>(reinterpret_cast<const uint8_t*>(x), ldx * 2, m, pn, pairs / 16,
+                          [&](int r, const uint32_t* const (&row)[V]) {
+                              __m512 y[V];
+                              for (int v = 0; v < V; v++) y[v] = _mm512_load_ps(reinterpret_cast<const float*>(row[v]));
+                              epi(r, y, pn.col);
+                          },
+                          configured);
 }
 
 constexpr int AMX_CHUNK_ROWS = 256;
@@ -270,32 +305,36 @@ struct RowShift {
     }
 };
 
+// Inside a parallel region: m rows AMX_CHUNK_ROWS at a time, the threads splitting every
+// panel of a chunk (``run(first row, rows, panel, configured)``), so a chunk's rows stay
+// in L2 while the panels pass (all of a 2,048-row prefill chunk's rows against every panel
+// in turn ran at half oneDNN's speed); the thread's tiles released at the end.
+template <typename Run>
+void chunks_of_panels(int m, int panels, const Run& run) {
+    int configured = 0;
+    for (int c0 = 0; c0 < m; c0 += AMX_CHUNK_ROWS) {
+        const int rows = m - c0 < AMX_CHUNK_ROWS ? m - c0 : AMX_CHUNK_ROWS;
+#pragma omp for schedule(static)
+        for (int p = 0; p < panels; p++) run(c0, rows, p, configured);
+    }
+    if (configured) _tile_release();
+}
+
 template <typename Epi>
 void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, int n, int pairs,
                    bool paired, const Epi& epi, int threads) {
     const int vectors = n / 16;
 #pragma omp parallel num_threads(threads)
-    {
-        int configured = 0;
-        // Rows a chunk at a time, every panel within a chunk: a chunk's rows stay in L2
-        // while the panels pass (all of a prefill chunk's rows against every panel ran at
-        // half oneDNN's speed at 2,048 rows).
-        for (int c0 = 0; c0 < m; c0 += AMX_CHUNK_ROWS) {
-            const int rows = m - c0 < AMX_CHUNK_ROWS ? m - c0 : AMX_CHUNK_ROWS;
-            const uint16_t* xc = x + c0 * ldx;
-            const RowShift<Epi> ec{epi, c0};
-#pragma omp for schedule(static)
-            for (int p = 0; p < panel_count(vectors, paired); p++) {
-                const Panel pn = panel_of(packed, p, vectors, pairs, paired);
-                switch (pn.vectors) {
-                    case 1: panel_rows_amx<1>(xc, ldx, rows, pn, pairs, ec, configured); break;
-                    case 2: panel_rows_amx<2>(xc, ldx, rows, pn, pairs, ec, configured); break;
-                    default: panel_rows_amx<NR>(xc, ldx, rows, pn, pairs, ec, configured); break;
-                }
-            }
+    chunks_of_panels(m, panel_count(vectors, paired), [&](int c0, int rows, int p, int& configured) {
+        const Panel pn = panel_of(packed, p, vectors, pairs, paired);
+        const uint16_t* xc = x + c0 * ldx;
+        const RowShift<Epi> ec{epi, c0};
+        switch (pn.vectors) {
+            case 1: panel_rows_amx<1>(xc, ldx, rows, pn, pairs, ec, configured); break;
+            case 2: panel_rows_amx<2>(xc, ldx, rows, pn, pairs, ec, configured); break;
+            default: panel_rows_amx<NR>(xc, ldx, rows, pn, pairs, ec, configured); break;
         }
-        if (configured) _tile_release();
-    }
+    });
 }
 
 // Asks the kernel for this process's AMX tile state (Linux: arch_prctl
@@ -315,8 +354,15 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i w) {
     return acc;
 }
 
-// The int8 sums (inputs offset by +128, so comp = 128 x a column's weight sum comes off)
-// scaled by row scale x column scale.
+// One vector of int8 sums (inputs offset by +128, so comp = 128 x a column's weight sum
+// comes off) scaled by row scale x column scale, for the 16 columns from ``col``.
+inline __m512 dequantize(__m512i acc, const int32_t* comp, const float* col_scale, int64_t col,
+                         __m512 row_scale) {
+    const __m512i c = _mm512_loadu_si512(comp + col);
+    const __m512 s = _mm512_loadu_ps(col_scale + col);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, c)), _mm512_mul_ps(s, row_scale));
+}
+
 template <int R, int V, typename Epi>
 inline void micro_i8(const uint8_t* x, int64_t ldx, const Panel& pn, int quads,
                      const float* row_scale, const float* col_scale, const int32_t* comp, int r0,
@@ -337,11 +383,7 @@ inline void micro_i8(const uint8_t* x, int64_t ldx, const Panel& pn, int quads,
     for (int r = 0; r < R; r++) {
         __m512 y[V];
         const __m512 rs = _mm512_set1_ps(row_scale[r]);
-        for (int v = 0; v < V; v++) {
-            const __m512i c = _mm512_loadu_si512(comp + pn.col[v]);
-            const __m512 s = _mm512_loadu_ps(col_scale + pn.col[v]);
-            y[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], c)), _mm512_mul_ps(s, rs));
-        }
+        for (int v = 0; v < V; v++) y[v] = dequantize(acc[r][v], comp, col_scale, pn.col[v], rs);
         epi(r0 + r, y, pn.col);
     }
 }
@@ -386,54 +428,21 @@ inline void quantize_row(const uint16_t* x, int k, uint8_t* q, float* scale) {
 }
 
 #ifdef KVT_AMX_I8
-// The AMX int8 path (tdpbusd): the bfloat16 path's blocks and tile configuration, a tile
-// step 16 quads (64 inputs) deep, int32 sums exact, then micro_i8's epilogue: the same
-// outputs bit for bit.
+// All m quantized rows against one panel on the tiles (panel_tiles, tdpbusd): exact int32
+// sums, then micro_i8's dequantization, so the same outputs bit for bit.
 template <int V, typename Epi>
 void panel_rows_i8_amx(const uint8_t* x, int64_t ldx, int m, const Panel& pn, int quads,
                        const float* row_scale, const float* col_scale, const int32_t* comp,
                        const Epi& epi, int& configured) {
-    alignas(64) int32_t sums[V][16 * 16];
-    const int64_t b_stride = int64_t(V) * 64;  // bytes from one quad to the next in a vector
-    for (int r0 = 0; r0 < m; r0 += 16) {
-        const int rows = m - r0 < 16 ? m - r0 : 16;
-        if (rows != configured) {
-            amx_configure(rows);
-            configured = rows;
-        }
-        _tile_zero(0);
-        if constexpr (V > 1) _tile_zero(1);
-        if constexpr (V > 2) _tile_zero(2);
-        const uint8_t* a = x + r0 * ldx;
-        for (int q = 0; q < quads; q += 16) {
-            const uint32_t* b = pn.data + int64_t(q) * V * 16;
-            _tile_loadd(3, a + 4 * q, ldx);
-            _tile_loadd(4, b, b_stride);
-            _tile_dpbusd(0, 3, 4);
-            if constexpr (V > 1) {
-                _tile_loadd(5, b + 16, b_stride);
-                _tile_dpbusd(1, 3, 5);
-            }
-            if constexpr (V > 2) {
-                _tile_loadd(6, b + 32, b_stride);
-                _tile_dpbusd(2, 3, 6);
-            }
-        }
-        _tile_stored(0, sums[0], 64);
-        if constexpr (V > 1) _tile_stored(1, sums[1], 64);
-        if constexpr (V > 2) _tile_stored(2, sums[2], 64);
-        for (int r = 0; r < rows; r++) {
-            __m512 y[V];
-            const __m512 rs = _mm512_set1_ps(row_scale[r0 + r]);
-            for (int v = 0; v < V; v++) {
-                const __m512i acc = _mm512_load_si512(sums[v] + r * 16);
-                const __m512i c = _mm512_loadu_si512(comp + pn.col[v]);
-                const __m512 sc = _mm512_loadu_ps(col_scale + pn.col[v]);
-                y[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, c)), _mm512_mul_ps(sc, rs));
-            }
-            epi(r0 + r, y, pn.col);
-        }
-    }
+    panel_tiles<V, true>(x, ldx, m, pn, quads / 16,
+                         [&](int r, const uint32_t* const (&row)[V]) {
+                             __m512 y[V];
+                             const __m512 rs = _mm512_set1_ps(row_scale[r]);
+                             for (int v = 0; v < V; v++)
+                                 y[v] = dequantize(_mm512_load_si512(row[v]), comp, col_scale, pn.col[v], rs);
+                             epi(r, y, pn.col);
+                         },
+                         configured);
 }
 #endif
 
@@ -448,24 +457,18 @@ void gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, cons
 #pragma omp for schedule(static)
         for (int r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + int64_t(r) * k, row_scale + r);
 #ifdef KVT_AMX_I8
-        if (amx) {  // rows a chunk at a time, as gemm_bf16_amx
-            int configured = 0;
-            for (int c0 = 0; c0 < m; c0 += AMX_CHUNK_ROWS) {
-                const int rows = m - c0 < AMX_CHUNK_ROWS ? m - c0 : AMX_CHUNK_ROWS;
+        if (amx) {
+            chunks_of_panels(m, panel_count(vectors, paired), [&](int c0, int rows, int p, int& configured) {
+                const Panel pn = panel_of(packed, p, vectors, quads, paired);
                 const uint8_t* xc = scratch + int64_t(c0) * k;
                 const float* rs = row_scale + c0;
                 const RowShift<Epi> ec{epi, c0};
-#pragma omp for schedule(static)
-                for (int p = 0; p < panel_count(vectors, paired); p++) {
-                    const Panel pn = panel_of(packed, p, vectors, quads, paired);
-                    switch (pn.vectors) {
-                        case 1: panel_rows_i8_amx<1>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
-                        case 2: panel_rows_i8_amx<2>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
-                        default: panel_rows_i8_amx<NR>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
-                    }
+                switch (pn.vectors) {
+                    case 1: panel_rows_i8_amx<1>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
+                    case 2: panel_rows_i8_amx<2>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
+                    default: panel_rows_i8_amx<NR>(xc, k, rows, pn, quads, rs, col_scale, comp, ec, configured); break;
                 }
-            }
-            if (configured) _tile_release();
+            });
         } else
 #else
         (void)amx;
