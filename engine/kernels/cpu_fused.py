@@ -13,8 +13,9 @@ elements. vLLM fuses the same ops by compiling the model with torch inductor.
 kernels (C++) -> ctypes entry points (:class:`FusedKernels`) -> public functions that
 check shapes, dtypes and strides (the kernels trust them): :func:`add_rmsnorm`,
 :func:`rope_write_kv` (after :func:`plan_rope`, once per step) and :func:`silu_mul`.
-Rows are split over :data:`ROW_SPLIT` Python threads when there are many (ctypes
-releases the GIL while a kernel runs). The reference for each is the eager torch code
+A call of :data:`PARALLEL_ROWS` rows or more splits them over torch's OpenMP threads
+inside the kernel (the pool the linears and attention already keep warm), fewer run on
+the calling thread. The reference for each is the eager torch code
 it replaces (tests/engine/kernels/test_cpu_fused.py).
 """
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,22 +36,23 @@ from engine.kernels.kv_int8 import head_dim_of
 log = logging.getLogger(__name__)
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_INT8_HEAD_DIM = 256  # cpu_fused.cpp's MAX_HEAD_DIM (its per-head scratch)
-# Rows from which a call is split in halves run on two threads at once: below this the
-# hand-off (~20 us) costs more than the second core saves.
-PARALLEL_ROWS = 96
-ROW_SPLIT = 2
+# Rows from which a call splits them over the OpenMP threads. bfloat16 add_rmsnorm of
+# SmolLM2's width (576), 2 threads of a Zen 4 EPYC, one thread vs two, us per call:
+# 8 rows 4.3 / 4.0, 16 rows 6.8 / 5.3, 64 rows 23.6 / 14.0, 2,048 rows 672 / 359 (the
+# Python thread that split halves before cost ~55 us a hand-off, so it split only from
+# 96 rows and gained nothing there).
+PARALLEL_ROWS = 16
 
 
 @dataclass(frozen=True)
 class FusedKernels:
-    """The loaded library's entry points by dtype, and a pool that runs row halves."""
+    """The loaded library's entry points by dtype."""
 
     path: Path
     add_rmsnorm: dict[torch.dtype, Any]
     rope_kv: dict[torch.dtype, Any]
     rope_kv_int8: dict[torch.dtype, Any]  # by the activations' dtype; int8 caches
     silu_mul: dict[torch.dtype, Any]
-    pool: ThreadPoolExecutor
 
 
 def _entries(lib: ctypes.CDLL, name: str, argtypes: list[Any]) -> dict[torch.dtype, Any]:
@@ -71,17 +72,17 @@ def load_fused_kernels(cache_dir: Path) -> FusedKernels:
     path = native_build.build(cache_dir, native_build.FUSED_SOURCE, native_build.FUSED_FLAGS)
     lib = ctypes.CDLL(str(path))
     i32, i64, f32, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    # qkv, row stride, rows, heads, kv heads, head_dim, positions, cos, sin, slots, k, v,
+    # threads (each entry point's last argument: the OpenMP threads to split rows over)
+    rope = [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
     return FusedKernels(
         path,
-        # x, x stride, residual, its stride, weight, out, its stride, rows, width, eps
-        _entries(lib, "add_rmsnorm", [ptr, i64, ptr, i64, ptr, ptr, i64, i32, i32, f32]),
-        # qkv, row stride, rows, heads, kv heads, head_dim, positions, cos, sin, slots, k, v
-        _entries(lib, "rope_kv", [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]),
-        _entries(lib, "rope_kv_int8",
-                 [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr]),
-        # gate_up, its stride, out, its stride, rows, width
-        _entries(lib, "silu_mul", [ptr, i64, ptr, i64, i32, i32]),
-        ThreadPoolExecutor(max_workers=ROW_SPLIT - 1, thread_name_prefix="kvtoll-fused"),
+        # x, x stride, residual, its stride, weight, out, its stride, rows, width, eps, threads
+        _entries(lib, "add_rmsnorm", [ptr, i64, ptr, i64, ptr, ptr, i64, i32, i32, f32, i32]),
+        _entries(lib, "rope_kv", rope),
+        _entries(lib, "rope_kv_int8", rope),
+        # gate_up, its stride, out, its stride, rows, width, threads
+        _entries(lib, "silu_mul", [ptr, i64, ptr, i64, i32, i32, i32]),
     )
 
 
@@ -99,14 +100,13 @@ def fused_kernels_here(cache_dir: Path | None = None) -> FusedKernels | None:
     return None
 
 
-def _run_rows(kernels: FusedKernels, rows: int, call: Any) -> None:
-    """``call(first, count)`` over ``rows`` rows: in halves on two threads when many."""
-    if rows < PARALLEL_ROWS:
-        bad = call(0, rows)
-    else:
-        half = rows // 2
-        other = kernels.pool.submit(call, half, rows - half)
-        bad = call(0, half) | other.result()
+def row_threads(rows: int) -> int:
+    """The OpenMP threads a call over ``rows`` rows splits them over: torch's intra-op
+    threads from :data:`PARALLEL_ROWS` rows, else 1 (the calling thread)."""
+    return torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
+
+
+def _check_done(bad: int) -> None:
     if bad:
         raise RuntimeError("a fused native kernel refused its arguments")
 
@@ -142,13 +142,10 @@ def add_rmsnorm(
                          f"{tuple(weight.shape)} {weight.dtype}")  # fmt: skip
     if out.shape[0] != rows or (x is not None and x.shape[0] != rows):
         raise ValueError("add_rmsnorm: x, residual and out need the same rows")
-    fn, size = kernels.add_rmsnorm[dtype], residual.element_size()
     xp, xs = (x.data_ptr(), x.stride(0)) if x is not None else (None, 0)
-    rp, rs, op, os_ = residual.data_ptr(), residual.stride(0), out.data_ptr(), out.stride(0)
-    wp = weight.data_ptr()
-    _run_rows(kernels, rows, lambda a, n: fn(
-        None if xp is None else xp + a * xs * size, xs, rp + a * rs * size, rs, wp,
-        op + a * os_ * size, os_, n, width, eps))  # fmt: skip
+    fn = kernels.add_rmsnorm[dtype]
+    _check_done(fn(xp, xs, residual.data_ptr(), residual.stride(0), weight.data_ptr(),
+                   out.data_ptr(), out.stride(0), rows, width, eps, row_threads(rows)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -207,13 +204,11 @@ def rope_write_kv(
         raise ValueError(f"rope_write_kv: {rows} rows, a plan for {rows_plan.positions.shape[0]}")
     if rows_plan.max_position >= cos.shape[0] or rows_plan.max_slot >= num_blocks * block_size:
         raise ValueError("rope_write_kv: a position past the tables or a slot past the cache")
-    fn, size = (kernels.rope_kv_int8 if int8 else kernels.rope_kv)[dtype], qkv.element_size()
-    qp, qs = qkv.data_ptr(), qkv.stride(0)
-    pp, sp = rows_plan.positions.data_ptr(), rows_plan.slots.data_ptr()
-    cp, snp, kp, vp = cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
-    _run_rows(kernels, rows, lambda a, n: fn(
-        qp + a * qs * size, qs, n, num_heads, num_kv_heads, head_dim, pp + 8 * a, cp, snp,
-        sp + 8 * a, kp, vp))  # fmt: skip
+    fn = (kernels.rope_kv_int8 if int8 else kernels.rope_kv)[dtype]
+    _check_done(fn(qkv.data_ptr(), qkv.stride(0), rows, num_heads, num_kv_heads, head_dim,
+                   rows_plan.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                   rows_plan.slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                   row_threads(rows)))  # fmt: skip
 
 
 def silu_mul(kernels: FusedKernels, gate_up: torch.Tensor) -> torch.Tensor:
@@ -224,8 +219,6 @@ def silu_mul(kernels: FusedKernels, gate_up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"silu_mul: dtype {dtype}")
     _check_rows("gate_up", gate_up, dtype, 2 * width)
     out = torch.empty((rows, width), dtype=dtype)
-    fn, size = kernels.silu_mul[dtype], gate_up.element_size()
-    gp, gs, op = gate_up.data_ptr(), gate_up.stride(0), out.data_ptr()
-    _run_rows(kernels, rows, lambda a, n: fn(gp + a * gs * size, gs, op + a * width * size,
-                                             width, n, width))  # fmt: skip
+    _check_done(kernels.silu_mul[dtype](gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(),
+                                        width, rows, width, row_threads(rows)))  # fmt: skip
     return out

@@ -36,8 +36,9 @@ SOURCE = Path(__file__).with_name("native") / "cpu_attention.cpp"
 FUSED_SOURCE = SOURCE.with_name("cpu_fused.cpp")
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
              "-Wno-maybe-uninitialized")  # fmt: skip
-# The fused ops round where eager torch rounds: no a*b+c contracted into one FMA.
-FUSED_FLAGS = ("-ffp-contract=off",)
+# The fused ops round where eager torch rounds: no a*b+c contracted into one FMA; they
+# split big calls over torch's OpenMP threads (cpu_fused.cpp).
+FUSED_FLAGS = ("-fopenmp", "-ffp-contract=off")
 # The attention launchers run their items on OpenMP threads: torch's own runtime, since
 # the library's libgomp.so.1 resolves to the copy torch has loaded (cpu_attention.cpp).
 ATTENTION_FLAGS = ("-fopenmp",)

@@ -1,8 +1,10 @@
 // The Llama decoder's small per-layer ops, fused, for x86-64 CPUs with AVX-512: each is
 // one pass over its rows instead of the 3-9 torch ops (and their temporaries) eager
 // mode runs. Built and loaded by engine/kernels/native_build.py with -ffp-contract=off,
-// called through ctypes from engine/kernels/cpu_fused.py, single-threaded over a range
-// of rows (the caller splits big batches). Every kernel rounds where eager torch (and
+// called through ctypes from engine/kernels/cpu_fused.py. Each call splits its rows into
+// as many equal runs as it is given threads (the caller gives one for few rows), on the
+// OpenMP threads torch's ops already run on (-fopenmp: the library's libgomp.so.1
+// resolves to torch's copy, as cpu_attention.cpp's does). Every kernel rounds where eager torch (and
 // Hugging Face transformers) round, so a bfloat16 model computes the same values:
 //
 //   add_rmsnorm   res = bf(res + x);  out = bf(w * bf(res * 1/sqrt(sum(res^2)/N + eps)))
@@ -23,6 +25,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -50,6 +53,22 @@ inline void store(uint16_t* p, __m512 x, __mmask16 m) {  // x already rounded
 inline void store(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
 
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
+// ``run(first, count)`` over rows [0, rows): one run each for up to ``threads`` OpenMP
+// threads (rows are independent, so any split gives the same values).
+template <typename Run>
+inline void over_rows(int rows, int threads, Run run) {
+    if (threads <= 1 || rows < 2) {
+        run(0, rows);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        const int n = omp_get_num_threads(), t = omp_get_thread_num();
+        const int a = int(int64_t(rows) * t / n), b = int(int64_t(rows) * (t + 1) / n);
+        if (b > a) run(a, b - a);
+    }
+}
 
 // The float32 sum of squares of a row of n (>= 8) elements in the order of torch's float
 // sum over a contiguous row (aten/src/ATen/native/cpu/SumKernel.cpp: vectorized_inner_sum
@@ -284,56 +303,51 @@ void silu_mul(const T* gate_up, int64_t in_stride, T* out, int64_t out_stride, i
 
 extern "C" {
 
-// x may be null (no residual add: the first layer's input norm).
-int kvt_add_rmsnorm_f32(const float* x, int64_t xs, float* res, int64_t rs, const float* w,
-                        float* out, int64_t os, int rows, int width, float eps) {
-    if (width < 8) return 1;
-    add_rmsnorm(x, xs, res, rs, w, out, os, rows, width, eps);
-    return 0;
-}
-int kvt_add_rmsnorm_bf16(const uint16_t* x, int64_t xs, uint16_t* res, int64_t rs,
-                         const uint16_t* w, uint16_t* out, int64_t os, int rows, int width,
-                         float eps) {
-    if (width < 8) return 1;
-    add_rmsnorm(x, xs, res, rs, w, out, os, rows, width, eps);
-    return 0;
-}
-int kvt_rope_kv_f32(float* qkv, int64_t stride, int rows, int heads, int kv_heads, int d,
-                    const int64_t* pos, const float* cos, const float* sin,
-                    const int64_t* slots, float* k_cache, float* v_cache) {
-    if (d % 2 != 0) return 1;
-    rope_kv(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
-    return 0;
-}
-int kvt_rope_kv_bf16(uint16_t* qkv, int64_t stride, int rows, int heads, int kv_heads, int d,
-                     const int64_t* pos, const uint16_t* cos, const uint16_t* sin,
-                     const int64_t* slots, uint16_t* k_cache, uint16_t* v_cache) {
-    if (d % 2 != 0) return 1;
-    rope_kv(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
-    return 0;
-}
-int kvt_rope_kv_int8_f32(float* qkv, int64_t stride, int rows, int heads, int kv_heads, int d,
-                         const int64_t* pos, const float* cos, const float* sin,
-                         const int64_t* slots, int8_t* k_cache, int8_t* v_cache) {
-    if (d % 2 != 0 || d > MAX_HEAD_DIM) return 1;
-    rope_kv_int8(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
-    return 0;
-}
-int kvt_rope_kv_int8_bf16(uint16_t* qkv, int64_t stride, int rows, int heads, int kv_heads,
-                          int d, const int64_t* pos, const uint16_t* cos, const uint16_t* sin,
-                          const int64_t* slots, int8_t* k_cache, int8_t* v_cache) {
-    if (d % 2 != 0 || d > MAX_HEAD_DIM) return 1;
-    rope_kv_int8(qkv, stride, rows, heads, kv_heads, d, pos, cos, sin, slots, k_cache, v_cache);
-    return 0;
-}
-int kvt_silu_mul_f32(const float* gu, int64_t is, float* out, int64_t os, int rows, int width) {
-    silu_mul(gu, is, out, os, rows, width);
-    return 0;
-}
-int kvt_silu_mul_bf16(const uint16_t* gu, int64_t is, uint16_t* out, int64_t os, int rows,
-                      int width) {
-    silu_mul(gu, is, out, os, rows, width);
-    return 0;
-}
+// Each entry point: 0, or 1 where it refuses its arguments; ``threads``: OpenMP threads to
+// split the rows over (over_rows). x may be null (no residual add: the first layer's
+// input norm).
+#define KVT_NORM(suffix, T)                                                                  \
+    int kvt_add_rmsnorm_##suffix(const T* x, int64_t xs, T* res, int64_t rs, const T* w,   \
+                                 T* out, int64_t os, int rows, int width, float eps,        \
+                                 int threads) {                                             \
+        if (width < 8) return 1;                                                            \
+        over_rows(rows, threads, [&](int a, int n) {                                        \
+            add_rmsnorm(x ? x + a * xs : x, xs, res + a * rs, rs, w, out + a * os, os, n,   \
+                        width, eps);                                                        \
+        });                                                                                 \
+        return 0;                                                                           \
+    }
+KVT_NORM(f32, float)
+KVT_NORM(bf16, uint16_t)
+#undef KVT_NORM
+
+#define KVT_ROPE(name, suffix, T, C, max_d)                                                  \
+    int kvt_##name##_##suffix(T* qkv, int64_t stride, int rows, int heads, int kv_heads,    \
+                              int d, const int64_t* pos, const T* cos, const T* sin,        \
+                              const int64_t* slots, C* k_cache, C* v_cache, int threads) {  \
+        if (d % 2 != 0 || d > max_d) return 1;                                              \
+        over_rows(rows, threads, [&](int a, int n) {                                        \
+            name(qkv + a * stride, stride, n, heads, kv_heads, d, pos + a, cos, sin,        \
+                 slots + a, k_cache, v_cache);                                              \
+        });                                                                                 \
+        return 0;                                                                           \
+    }
+KVT_ROPE(rope_kv, f32, float, float, 1 << 30)
+KVT_ROPE(rope_kv, bf16, uint16_t, uint16_t, 1 << 30)
+KVT_ROPE(rope_kv_int8, f32, float, int8_t, MAX_HEAD_DIM)
+KVT_ROPE(rope_kv_int8, bf16, uint16_t, int8_t, MAX_HEAD_DIM)
+#undef KVT_ROPE
+
+#define KVT_SILU(suffix, T)                                                                  \
+    int kvt_silu_mul_##suffix(const T* gu, int64_t is, T* out, int64_t os, int rows,        \
+                              int width, int threads) {                                     \
+        over_rows(rows, threads, [&](int a, int n) {                                        \
+            silu_mul(gu + a * is, is, out + a * os, os, n, width);                          \
+        });                                                                                 \
+        return 0;                                                                           \
+    }
+KVT_SILU(f32, float)
+KVT_SILU(bf16, uint16_t)
+#undef KVT_SILU
 
 }  // extern "C"

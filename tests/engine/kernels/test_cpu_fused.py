@@ -19,6 +19,7 @@ from engine.kernels.cpu_fused import (
     load_fused_kernels,
     plan_rope,
     rope_write_kv,
+    row_threads,
     silu_mul,
 )
 from engine.kernels.kv_int8 import dequantize_rows, quantize_rows, row_width
@@ -29,7 +30,7 @@ from engine.model.rope import RotaryEmbedding, rotate
 WHY_NOT = native_build.unavailable_reason()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
 DTYPES = [torch.float32, torch.bfloat16]
-ROWS = [1, 7, PARALLEL_ROWS + 37]  # one, a few, and enough to split over two threads
+ROWS = [1, 7, PARALLEL_ROWS + 37]  # one, a few, and enough to split over the threads
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +189,33 @@ def test_bad_arguments_are_refused(fused: FusedKernels) -> None:
         plan_rope(torch.tensor([0, -1]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="int64"):
         plan_rope(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1]))
+
+
+def _run_all_ops(fused: FusedKernels, threads: int) -> list[torch.Tensor]:
+    """Every op over PARALLEL_ROWS + 37 bfloat16 rows with torch at ``threads`` threads."""
+    rows, width = PARALLEL_ROWS + 37, 576
+    gen = torch.Generator().manual_seed(5)
+    h = (torch.randn(rows, width, generator=gen) * 3).bfloat16()
+    x = torch.randn(rows, width, generator=gen).bfloat16()
+    weight = torch.randn(width, generator=gen).bfloat16()
+    gate_up = (torch.randn(rows, 2 * 200, generator=gen) * 4).bfloat16()
+    c = _rope_case(rows, 64, torch.bfloat16, rows * 64, 1.0, torch.bfloat16, 64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert row_threads(rows) == threads and row_threads(PARALLEL_ROWS - 1) == 1
+        out = torch.empty_like(h)
+        add_rmsnorm(fused, x, h, weight, 1e-5, out)
+        rope_write_kv(fused, c.qkv, HEADS, plan_rope(c.positions, c.slots), c.rope.cos,
+                      c.rope.sin, *c.caches)  # fmt: skip
+        return [h, out, c.qkv, *c.caches, silu_mul(fused, gate_up)]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_rows_split_over_threads_give_the_one_thread_values(fused: FusedKernels) -> None:
+    """A call of many rows splits them over torch's threads (3: runs of unequal rows); the
+    results equal one thread's bit for bit."""
+    alone, split = _run_all_ops(fused, 1), _run_all_ops(fused, 3)
+    for a, b in zip(alone, split, strict=True):
+        assert torch.equal(a, b)
