@@ -4,8 +4,9 @@
 // called through ctypes from engine/kernels/cpu_fused.py. Each call splits its rows into
 // as many equal runs as it is given threads (the caller gives one for few rows), on the
 // OpenMP threads torch's ops already run on (-fopenmp: the library's libgomp.so.1
-// resolves to torch's copy, as cpu_attention.cpp's does). Every kernel rounds where eager torch (and
-// Hugging Face transformers) round, so a bfloat16 model computes the same values:
+// resolves to torch's copy, as cpu_attention.cpp's does). Every kernel rounds where
+// eager torch (and Hugging Face transformers) round, so a bfloat16 model computes the
+// same values:
 //
 //   add_rmsnorm   res = bf(res + x);  out = bf(w * bf(res * 1/sqrt(sum(res^2)/N + eps)))
 //   rope_kv       q, k = bf(bf(q * cos) + bf(rotate_half(q) * sin)); k, v -> cache slots
