@@ -14,9 +14,10 @@ kernels (C++) -> ctypes entry points (:class:`FusedKernels`) -> public functions
 check shapes, dtypes and strides (the kernels trust them): :func:`add_rmsnorm`,
 :func:`rope_write_kv` (after :func:`plan_rope`, once per step) and :func:`silu_mul`.
 A call of :data:`PARALLEL_ROWS` rows or more splits them over torch's OpenMP threads
-inside the kernel (the pool the linears and attention already keep warm), fewer run on
-the calling thread. The reference for each is the eager torch code
-it replaces (tests/engine/kernels/test_cpu_fused.py).
+inside the kernel (the pool the linears and attention already keep warm), one thread per
+:data:`ROWS_PER_THREAD` rows at most (:func:`row_threads`); fewer run on the calling
+thread. The reference for each is the eager torch code it replaces
+(tests/engine/kernels/test_cpu_fused.py).
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from engine.kernels.kv_int8 import head_dim_of
 log = logging.getLogger(__name__)
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_INT8_HEAD_DIM = 256  # cpu_fused.cpp's MAX_HEAD_DIM (its per-head scratch)
-# Rows from which a call splits them over the OpenMP threads. bfloat16 add_rmsnorm of
-# SmolLM2's width (576), 2 threads of a Zen 4 EPYC, one thread vs two, us per call:
-# 8 rows 4.3 / 4.0, 16 rows 6.8 / 5.3, 64 rows 23.6 / 14.0, 2,048 rows 672 / 359 (the
-# Python thread that split halves before cost ~55 us a hand-off, so it split only from
-# 96 rows and gained nothing there).
-PARALLEL_ROWS = 16
+# A call splits its rows over up to one OpenMP thread per ROWS_PER_THREAD rows (so from
+# PARALLEL_ROWS rows on), no more than torch's threads. bfloat16 add_rmsnorm of SmolLM2's
+# width (576), 2 threads of a Zen 4 EPYC, one thread vs two, us per call: 8 rows 4.3 /
+# 4.0, 16 rows 6.8 / 5.3, 64 rows 23.6 / 14.0, 2,048 rows 672 / 359 (the Python thread
+# that split halves before cost ~55 us a hand-off, so it split only from 96 rows and
+# gained nothing there).
+ROWS_PER_THREAD = 8
+PARALLEL_ROWS = 2 * ROWS_PER_THREAD
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,10 @@ def fused_kernels_here(cache_dir: Path | None = None) -> FusedKernels | None:
 
 
 def row_threads(rows: int) -> int:
-    """The OpenMP threads a call over ``rows`` rows splits them over: torch's intra-op
-    threads from :data:`PARALLEL_ROWS` rows, else 1 (the calling thread)."""
-    return torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
+    """The OpenMP threads a call over ``rows`` rows splits them over: one per
+    :data:`ROWS_PER_THREAD` rows, at most torch's intra-op threads, at least 1 (the
+    calling thread alone)."""
+    return max(1, min(torch.get_num_threads(), rows // ROWS_PER_THREAD))
 
 
 def _check_done(bad: int) -> None:

@@ -204,6 +204,7 @@ def _run_all_ops(fused: FusedKernels, threads: int) -> list[torch.Tensor]:
     torch.set_num_threads(threads)
     try:
         assert row_threads(rows) == threads and row_threads(PARALLEL_ROWS - 1) == 1
+        assert row_threads(PARALLEL_ROWS) == min(2, threads)  # one thread per 8 rows
         out = torch.empty_like(h)
         add_rmsnorm(fused, x, h, weight, 1e-5, out)
         rope_write_kv(fused, c.qkv, HEADS, plan_rope(c.positions, c.slots), c.rope.cos,
