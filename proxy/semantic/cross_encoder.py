@@ -95,15 +95,21 @@ class PairClassifier:
 def pack_state(state: dict[str, np.ndarray], min_quantized: int = 4096) -> dict[str, np.ndarray]:
     """A state dict as shipped arrays: 2-D tensors of at least ``min_quantized``
     elements as int8 per row (symmetric, scale ``max|row| / 127`` stored float16 under
-    ``NAME::scale``); everything else float32."""
+    ``NAME::scale``, rounded up where float16 rounds it down, so that no weight lands past
+    127 steps and is clipped: a row under ~8e-3 has a subnormal float16 scale, up to a
+    third off); everything else float32."""
     out: dict[str, np.ndarray] = {}
     for name, value in state.items():
         arr = np.asarray(value, dtype=np.float32)
         if arr.ndim == 2 and arr.size >= min_quantized:
-            scale = (np.abs(arr).max(axis=1) / 127.0).astype(np.float16).astype(np.float32)
-            scale = np.maximum(scale, np.float32(1e-8))
-            out[name] = np.clip(np.rint(arr / scale[:, None]), -127, 127).astype(np.int8)
-            out[name + SCALE_SUFFIX] = scale.astype(np.float16)
+            exact = np.abs(arr).max(axis=1) / np.float32(127.0)
+            scale = exact.astype(np.float16)
+            low = scale.astype(np.float32) < exact
+            scale[low] = np.nextafter(scale[low], np.float16(np.inf))
+            scale = np.maximum(scale, np.float16(2**-24))  # float16's least: all-zero rows
+            step = scale.astype(np.float32)[:, None]
+            out[name] = np.clip(np.rint(arr / step), -127, 127).astype(np.int8)
+            out[name + SCALE_SUFFIX] = scale
         else:
             out[name] = arr
     return out
