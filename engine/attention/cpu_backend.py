@@ -31,6 +31,7 @@ from engine.attention.base import AttentionMetadata
 from engine.attention.cpu_probes import (
     PREFILL_PROBE,
     decode_products_win,
+    extend_amx_wins,
     extend_products_win,
     race,
     random_caches,
@@ -47,6 +48,8 @@ from engine.kernels.cpu_decode_attention import (
     plan_decode_rows,
 )
 from engine.kernels.cpu_native_attention import (
+    AMX_CACHES,
+    AMX_HEAD_DIMS,
     ExtendChunk,
     NativeKernels,
     load_native_kernels,
@@ -122,6 +125,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         # bfloat16 dot products in the native kernels (raced by prepare() where they exist)
         self._decode_products = False
         self._extend_products = False
+        self._extend_amx = False  # bfloat16 prefill on the AMX tiles (raced likewise)
         self._want_native_max_q = native_prefill_max_q
         self._native_max_q = 0  # set by prepare() (where prefill runs in torch)
         # This step's decode rows, planned (and checked) at the first layer and reused
@@ -154,6 +158,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         bfloat16 dot products (decided by prepare(): where the library has them and
         they measured faster here than float32 products)."""
         return self._decode_products, self._extend_products
+
+    @property
+    def extend_amx(self) -> bool:
+        """Whether native prefill over a bfloat16 cache runs on the AMX tiles (decided by
+        prepare(): where the library and the process have them and they measured faster
+        here than the AVX-512 path)."""
+        return self._extend_amx
 
     @property
     def native_prefill_max_q(self) -> int:
@@ -194,6 +205,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if k_cache.dtype == torch.bfloat16 and self._native.bf16_products:
             self._decode_products = decode_products_win(self._native, num_heads, k_cache)
             self._extend_products = extend_products_win(self._native, num_heads, k_cache)
+        if (self._native.extend_amx and k_cache.dtype in AMX_CACHES
+                and head_dim in AMX_HEAD_DIMS):  # fmt: skip
+            self._extend_amx = extend_amx_wins(self._native, num_heads, k_cache,
+                                               self._extend_products)  # fmt: skip
         if int8:  # torch has no int8 attention path here
             self._native_prefill = True
         elif self._want_native_prefill is None:
@@ -203,10 +218,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if not self._native_prefill:
             self._native_max_q = self._short_native_limit(num_heads, k_cache)
         log.info("cpu attention: native decode kernels; prefill in %s; bfloat16 dot "
-                 "products: decode %s, prefill %s",
+                 "products: decode %s, prefill %s; prefill on AMX tiles: %s",
                  "the native kernel" if self._native_prefill else
                  f"torch (chunks of up to {self._native_max_q} queries natively)",
-                 self._decode_products, self._extend_products)  # fmt: skip
+                 self._decode_products, self._extend_products, self._extend_amx)  # fmt: skip
 
     def _load_native(
         self, num_heads: int, num_kv_heads: int, head_dim: int, required: bool = False
@@ -269,7 +284,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         native, products = self._native, self._extend_products
         best = race(f"prefill ({q_len} queries after {cached})", {
             "native": lambda: native_extend(native, native_chunk, q, kc, vc, 0.125, out,
-                                            bf16_products=products),
+                                            bf16_products=products, amx=self._extend_amx),
             "torch": lambda: super(CpuAttentionBackend, self)._prefill_one(qd, kc, vc, chunk,
                                                                            0.125),
         })  # fmt: skip
@@ -290,7 +305,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return
         # q (a view into the step's q/k/v projection) read and out written in place
         native_extend(self._native, self._extend_plan(chunk, k_cache), q, k_cache, v_cache,
-                      scale, out, bf16_products=self._extend_products)  # fmt: skip
+                      scale, out, bf16_products=self._extend_products,
+                      amx=self._extend_amx)  # fmt: skip
 
     def _extend_plan(self, chunk: _PrefillChunk, k_cache: torch.Tensor) -> ExtendChunk:
         """The native plan of ``chunk``, made at the step's first layer (the torch

@@ -23,6 +23,7 @@ from engine.kernels.cpu_native_attention import (
     native_extend,
     plan_extend,
 )
+from engine.kernels.kv_int8 import head_dim_of, quantize_rows
 from engine.timing import interleaved_best
 
 log = logging.getLogger(__name__)
@@ -82,15 +83,43 @@ def decode_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Te
 def extend_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Tensor) -> bool:
     """Race prefill over a bfloat16 cache on bfloat16 dot products against float32
     products (a PREFILL_PROBE chunk of the model's shape)."""
-    block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
+    return _products_win("prefill bfloat16-products", _extend_probe(
+        native, num_heads, k_cache, lambda products: {"bf16_products": products}))
+
+
+def extend_amx_wins(
+    native: NativeKernels, num_heads: int, k_cache: torch.Tensor, products: bool
+) -> bool:
+    """Race prefill over a bfloat16 or int8 cache (``k_cache``'s dtype) on the AMX tiles
+    against the AVX-512 path (``products``: the one extend_products_win picked over a
+    bfloat16 cache), a PREFILL_PROBE chunk."""
+    run = _extend_probe(native, num_heads, k_cache,
+                        lambda amx: {"bf16_products": products, "amx": amx})  # fmt: skip
+    best = race("prefill AMX", {"tiles": lambda: run(True), "vectors": lambda: run(False)})
+    return best["tiles"] <= best["vectors"]
+
+
+def _extend_probe(
+    native: NativeKernels,
+    num_heads: int,
+    k_cache: torch.Tensor,
+    options: Callable[[bool], dict[str, bool]],
+) -> Callable[[bool], object]:
+    """``run(flag)``: one PREFILL_PROBE chunk of the model's shape over a random cache
+    of ``k_cache``'s dtype (bfloat16, or int8 rows quantized from bfloat16 ones) through
+    native_extend with ``options(flag)``."""
+    _, block_size, num_kv_heads = k_cache.shape[:3]
+    head_dim = head_dim_of(k_cache)
     q_len, cached = PREFILL_PROBE
     seq_len = q_len + cached
     blocks = -(-seq_len // block_size)
     gen = torch.Generator().manual_seed(0)
-    kc, vc = random_caches(blocks, k_cache, torch.bfloat16, gen)
+    like = torch.empty((0, block_size, num_kv_heads, head_dim))
+    kc, vc = random_caches(blocks, like, torch.bfloat16, gen)
+    if k_cache.dtype == torch.int8:
+        kc, vc = quantize_rows(kc), quantize_rows(vc)
     q = torch.randn((q_len, num_heads, head_dim), generator=gen).to(torch.bfloat16)
     out = torch.empty_like(q)
     chunk = plan_extend(torch.arange(blocks, dtype=torch.int32), seq_len, q_len, blocks,
                         block_size)  # fmt: skip
-    return _products_win("prefill bfloat16-products", lambda products: native_extend(
-        native, chunk, q, kc, vc, 0.125, out, bf16_products=products))  # fmt: skip
+    return lambda flag: native_extend(native, chunk, q, kc, vc, 0.125, out, **options(flag))

@@ -47,6 +47,8 @@ MAX_QUERY_TILE = 64  # an item keeps its rows' state on its thread's stack
 # Below this many work items per thread a chunk's tiles are resized so that every thread
 # gets the same number (see :func:`balanced_query_tile`).
 FEW_ITEMS_PER_THREAD = 4
+AMX_HEAD_DIMS = (32, 64)  # the head sizes native_extend's AMX path takes
+AMX_CACHES = (torch.bfloat16, torch.int8)  # ... and the caches (int8 rows dequantized)
 
 
 @functools.lru_cache(maxsize=4096)  # every layer of a step asks for the same chunks
@@ -132,6 +134,12 @@ class NativeKernels:
     def bf16_products(self) -> bool:
         """Whether prefill over a bfloat16 cache can run on bfloat16 dot products here."""
         return self.library.bf16_products
+
+    @property
+    def extend_amx(self) -> bool:
+        """Whether prefill over a bfloat16 cache can run on the AMX tiles here
+        (:func:`native_extend`'s ``amx``; head_dim 32 or 64)."""
+        return self.library.extend_amx
 
 
 @functools.cache
@@ -246,6 +254,7 @@ def native_extend(
     num_threads: int | None = None,
     query_tile: int | None = None,
     bf16_products: bool = True,
+    amx: bool = False,
 ) -> None:
     """Causal attention of a planned chunk's query rows ``q`` [q_len, H, D] over its
     context (the cached prefix and the chunk's own K/V, already written) into ``out``
@@ -256,7 +265,10 @@ def native_extend(
     library has them (:attr:`NativeKernels.bf16_products`): products exact, sums in
     float32, the probabilities rounded to bfloat16 for P.V as torch's bfloat16 flash
     attention rounds them; 1.65-2x faster (the source says where). False: float32
-    products only (every value widened exactly)."""
+    products only (every value widened exactly). ``amx``: such a chunk (head_dim 32 or
+    64), or a bfloat16 model's chunk over an int8 cache (its rows dequantized to bfloat16),
+    runs on the AMX tiles where :attr:`NativeKernels.extend_amx` holds: bfloat16 products,
+    float32 sums in another order (two exact passes, no online rescaling)."""
     check_io(q, out)
     check_tensors(q, k_cache, v_cache, out, native=True)
     if q.shape[0] != chunk.q_len or (k_cache.shape[0], k_cache.shape[1]) != (
@@ -268,11 +280,13 @@ def native_extend(
     if not 1 <= query_tile <= MAX_QUERY_TILE:
         raise ValueError(f"query_tile must be in [1, {MAX_QUERY_TILE}], got {query_tile}")
     head_dim, group = _check_layout(q, k_cache)
+    tiles = kernels.extend_amx and k_cache.dtype in AMX_CACHES and head_dim in AMX_HEAD_DIMS
     k, v = cache_arrays(k_cache, v_cache)
     bad = kernels.extend[k_cache.dtype](
         head_dim, group, *_io(q), chunk.q_len, _ptr(k), _ptr(v), _ptr(chunk.table),
         chunk.seq_len - chunk.q_len, k_cache.shape[1], k_cache.shape[2], float(scale),
-        *_io(out), query_tile, openmp_threads(num_threads), int(bf16_products),
+        *_io(out), query_tile, openmp_threads(num_threads),
+        2 if amx and tiles else int(bf16_products),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native extend kernel refused its arguments")

@@ -90,6 +90,7 @@ class NativeLibrary:
     decode_int8: Callable[..., int]
     extend_int8: Callable[..., int]
     bf16_products: bool  # built with the bfloat16 dot-product paths (AVX512-BF16)
+    extend_amx: bool = False  # bfloat16 prefill may run on the AMX tiles (built, granted)
 
 
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
@@ -167,4 +168,5 @@ def load(cache_dir: Path) -> NativeLibrary:
         _entry(lib, "kvt_decode_rows_int8", extend=False),
         _entry(lib, "kvt_extend_items_int8", extend=True),
         bool(lib.kvt_bf16_products()),
+        bool(lib.kvt_extend_amx()),  # asks the kernel for the tiles once
     )

@@ -196,3 +196,51 @@ def test_the_products_race_runs_both_paths_on_the_models_shape(
         return
     assert len(probes) == 2 and all("products" in p and "float32" in p for p in probes)
     assert f"decode {backend.bf16_products[0]}, prefill {backend.bf16_products[1]}" in caplog.text
+
+
+@pytest.mark.parametrize("tiles_win", [True, False])
+def test_the_amx_race_decides_whether_prefill_runs_on_the_tiles(
+    monkeypatch: pytest.MonkeyPatch, tiles_win: bool
+) -> None:
+    """Where the library and the process have the AMX tiles, a bfloat16 or int8 cache of a
+    head size they take (64 here) races them against the vector path the products race
+    chose; every native prefill launch then asks for the winner. Elsewhere (no tiles, a
+    float32 cache, head_dim 16) there is no race and no tiles."""
+    asked: list[bool] = []
+
+    def amx_win(native: object, num_heads: int, k_cache: torch.Tensor, products: bool) -> bool:
+        asked.append(products)
+        return tiles_win
+
+    monkeypatch.setattr(cpu_backend, "extend_amx_wins", amx_win)
+    small = CpuAttentionBackend(native_prefill=True)
+    small.prepare(H, torch.zeros(8, BS, HKV, D, dtype=torch.bfloat16))
+    assert not small.extend_amx
+    backend = CpuAttentionBackend(native_prefill=True)
+    cache = torch.zeros(8, 16, 3, 64, dtype=torch.bfloat16)
+    backend.prepare(9, cache)
+    assert backend.native is not None
+    if not (backend.native.extend_amx and backend.native.bf16_products):
+        assert not backend.extend_amx and asked == []
+        return
+    assert asked == [backend.bf16_products[1]] and backend.extend_amx is tiles_win
+    int8 = CpuAttentionBackend()
+    int8.prepare(9, torch.zeros(8, 16, 3, 64 + 4, dtype=torch.int8))  # rows of D + 4 bytes
+    assert len(asked) == 2 and int8.extend_amx is tiles_win
+    calls: list[bool] = []
+    real_extend = cpu_backend.native_extend
+
+    def spy_extend(*args: object, amx: bool = False, **kw: object) -> None:
+        calls.append(amx)
+        real_extend(*args, amx=amx, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_backend, "native_extend", spy_extend)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0, 20], dtype=torch.int32),
+        seq_lens=torch.tensor((20,), dtype=torch.int32),
+        block_tables=torch.tensor([[0, 1]], dtype=torch.int32),
+        slot_mapping=torch.zeros(20, dtype=torch.int64),
+        max_query_len=20, max_seq_len=20, query_lens_cpu=(20,), seq_lens_cpu=(20,),
+    )  # fmt: skip
+    backend.forward(torch.randn(20, 9, 64).to(torch.bfloat16), cache, cache.clone(), meta, 0.125)
+    assert calls == [tiles_win]

@@ -129,7 +129,8 @@ def _bf16_queries(batch: PagedBatch) -> PagedBatch:
 
 
 def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
-                 query_tile: int | None, bf16_products: bool = True) -> torch.Tensor:  # fmt: skip
+                 query_tile: int | None, bf16_products: bool = True,
+                 amx: bool = False) -> torch.Tensor:  # fmt: skip
     """Every sequence's chunk of ``batch`` through the native extend kernel, one call
     each, as [T, H, D] (NaN where a call wrote nothing)."""
     out = torch.full_like(batch.q, float("nan"))
@@ -140,7 +141,7 @@ def _extend_each(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: t
         part = torch.empty_like(batch.q[lo:hi])
         native_extend(native, chunk, batch.q[lo:hi].contiguous(), k, v,
                       batch.q.shape[2] ** -0.5, part, query_tile=query_tile,
-                      bf16_products=bf16_products)  # fmt: skip
+                      bf16_products=bf16_products, amx=amx)  # fmt: skip
         out[lo:hi] = part
     return out
 
@@ -198,6 +199,64 @@ def test_bf16_queries_over_a_bf16_cache_match_reference(
     exact = _extend_each(native, batch, k, v, query_tile, bf16_products=False)
     torch.testing.assert_close(fast, ref, **BF16_PRODUCTS)
     torch.testing.assert_close(exact, ref, **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size",
+    [*EXTEND_CASES,
+     ([272, 64], [272, 1088], 9, 3, 64, 16),  # a prompt; 64 rows after a 1,024-token hit
+     ([100, 33], [100, 233], 6, 2, 32, 8),  # rows and keys past whole 16-row / 32-key tiles
+     ([48], [48], 16, 2, 64, 16)],  # eight query heads per KV head
+)  # fmt: skip
+def test_amx_prefill_matches_reference(
+    native: NativeKernels,
+    cache_dtype: torch.dtype,
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """A bfloat16 model's prefill on the AMX tiles (head_dim 32 and 64; other sizes keep
+    the vectors) over a bfloat16 cache, or an int8 one (rows dequantized to bfloat16), is
+    the reference over the values the cache holds within the bfloat16 paths' rounding."""
+    if not native.extend_amx:
+        pytest.skip("no AMX-BF16 tiles for this process")
+    batch = _bf16_queries(build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads,
+                                            head_dim, block_size, torch.float32, "cpu",
+                                            seed=9))  # fmt: skip
+    k, v, k_ref, v_ref = _caches(batch, cache_dtype)
+    ref = _reference(batch, k_ref, v_ref, head_dim**-0.5)
+    torch.testing.assert_close(_extend_each(native, batch, k, v, None, amx=True), ref,
+                               **BF16_PRODUCTS)  # fmt: skip
+
+
+def test_amx_is_taken_only_where_it_runs(native: NativeKernels) -> None:
+    """Asked for the tiles, a bfloat16 model's chunk over a bfloat16 or int8 cache takes
+    them (not the vectors' values, bit for bit); queries with float32 bits below
+    bfloat16's, a float32 cache and head_dim 128 keep the vectors' path exactly."""
+    if not native.extend_amx:
+        pytest.skip("no AMX-BF16 tiles for this process")
+    batch = build_paged_batch([24, 40], [1048, 40], 9, 3, 64, 16, torch.float32, "cpu", seed=6)
+    k, v, _, _ = _caches(batch, torch.bfloat16)
+    rounded = _bf16_queries(batch)
+    tiles = _extend_each(native, rounded, k, v, None, amx=True)
+    assert not torch.equal(tiles, _extend_each(native, rounded, k, v, None))
+    k8, v8, _, _ = _caches(batch, torch.int8)
+    assert not torch.equal(_extend_each(native, rounded, k8, v8, None, amx=True),
+                           _extend_each(native, rounded, k8, v8, None))  # fmt: skip
+    assert torch.equal(_extend_each(native, batch, k, v, None, amx=True),
+                       _extend_each(native, batch, k, v, None))  # fmt: skip
+    k32, v32, _, _ = _caches(rounded, torch.float32)
+    assert torch.equal(_extend_each(native, rounded, k32, v32, None, amx=True),
+                       _extend_each(native, rounded, k32, v32, None))  # fmt: skip
+    wide = _bf16_queries(build_paged_batch([9], [30], 8, 2, 128, 32, torch.float32, "cpu",
+                                           seed=7))  # fmt: skip
+    kw, vw, _, _ = _caches(wide, torch.bfloat16)
+    assert torch.equal(_extend_each(native, wide, kw, vw, None, amx=True),
+                       _extend_each(native, wide, kw, vw, None))  # fmt: skip
 
 
 def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) -> None:
@@ -463,6 +522,7 @@ def test_why_it_cannot_build_is_said() -> None:
     cache_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8]),
     query_tile=st.integers(1, 20),
     bf16_queries=st.booleans(),
+    amx=st.booleans(),
 )
 def test_any_chunks_match_reference(
     native: NativeKernels,
@@ -472,11 +532,12 @@ def test_any_chunks_match_reference(
     cache_dtype: torch.dtype,
     query_tile: int,
     bf16_queries: bool,
+    amx: bool,
 ) -> None:
     """Random chunks (query rows, tokens cached before them) over scattered blocks: every
     tile and block boundary, every remainder of the row groups (and of the 16-row lane
-    groups of the bfloat16 dot-product path), as prefill chunks and, for their last
-    rows, as decode rows."""
+    groups of the bfloat16 dot-product path, of the AMX path's 16-row and 32-key tiles
+    where asked and present), as prefill chunks and, for their last rows, as decode rows."""
     num_heads, num_kv_heads, head_dim = layout
     query_lens = [q for q, _ in chunks]
     seq_lens = [q + c for q, c in chunks]
@@ -487,9 +548,10 @@ def test_any_chunks_match_reference(
     k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     scale = head_dim**-0.5
     ref = _reference(batch, k_ref, v_ref, scale)
-    out = _extend_each(native, batch, k, v, query_tile)
+    out = _extend_each(native, batch, k, v, query_tile, amx=amx)
     products = bf16_queries and cache_dtype == torch.bfloat16
-    torch.testing.assert_close(out, ref, **(BF16_PRODUCTS if products else
+    tiles = amx and bf16_queries and cache_dtype == torch.int8  # int8 rows to bfloat16
+    torch.testing.assert_close(out, ref, **(BF16_PRODUCTS if products or tiles else
                                             TOLERANCES[torch.float32]))  # fmt: skip
     rows = batch.query_start_loc[1:].long() - 1  # each chunk's last row
     plan = plan_decode_rows(batch.q.shape[0], num_heads, k.shape[0], block_size,
