@@ -214,13 +214,19 @@ def test_amx_products_match_the_vectors(amx_gemm: NativeGemm, m: int, n: int) ->
     assert (out != vectors).float().mean() < 0.01  # the tiles' summing, in a last bit
 
 
-def test_amx_rows_are_batch_invariant_across_blocks(amx_gemm: NativeGemm) -> None:
-    x, w = _case(300, 144, 576, seed=3)  # 256-row chunks of 16-row blocks, partial tails
+@pytest.mark.parametrize("k", [576, 1536])  # 18 and 48 tile steps: 12 a pass, a tail
+def test_amx_rows_are_batch_invariant_across_blocks(amx_gemm: NativeGemm, k: int) -> None:
+    """A row alone (one block: every step in one pass) equals its row among 300 (256-row
+    chunks of 16-row blocks, partial tails, the steps in passes of AMX_K_STEPS with the
+    sums stored and reloaded between) bit for bit."""
+    x, w = _case(300, 144, k, seed=3)
     packed = amx_gemm.pack(w)
     whole = amx_gemm.linear(x, packed, 144, threads=2)
     for i in (*range(40), 255, 256, 257, 299):
         assert torch.equal(amx_gemm.linear(x[i : i + 1], packed, 144, threads=1), whole[i : i + 1])
     assert torch.equal(amx_gemm.linear(x[3:30], packed, 144, threads=2), whole[3:30])
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    assert torch.allclose(whole.float(), ref, rtol=2**-8, atol=1e-4 * ref.abs().max().item())
 
 
 def test_amx_paired_silu_and_a_k_the_tiles_do_not_take(
@@ -258,6 +264,10 @@ def test_amx_int8_products_equal_the_vectors_bit_for_bit(
         paired = amx_int8_gemm.quantize(w, paired=True)
         assert torch.equal(amx_int8_gemm.silu_mul(x, paired, threads=2),
                            vectors.silu_mul(x, paired, threads=2))  # fmt: skip
+    x, w = _case(m, n, 1536, seed=m * n + 3)  # 24 tile steps: two passes over the blocks
+    weight = amx_int8_gemm.quantize(w)
+    assert torch.equal(amx_int8_gemm.linear(x, weight, threads=2),
+                       vectors.linear(x, weight, threads=2))  # fmt: skip
     x, w = _case(m, n, 80, seed=m + n)  # k = 80: not a multiple of 64, on the vectors
     weight = amx_int8_gemm.quantize(w)
     assert torch.equal(amx_int8_gemm.linear(x, weight, threads=2),
