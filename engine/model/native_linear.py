@@ -2,12 +2,14 @@
 dot products, or AMX tiles where the process has them) where it beats oneDNN here.
 
 :func:`native_rows_limit` races the two at start-up on SmolLM2-135M's MLP projection
-(576 -> 3,072, random weights), best of interleaved runs, at :data:`RACE_ROWS`: the
-native kernel takes every call (:data:`ALL_ROWS`) where it wins at both, calls of up to
-the smaller count where it wins only there (a decode step's rows), none where it loses.
-On a 2-core AMX Xeon its AVX-512 path lost at both (1.07-1.18 vs 0.29-0.33 ms at 64
-rows); its AMX path takes decode steps (0.18-0.24 vs 0.23-0.30 ms; 512 rows stay
-oneDNN's: 1.10-1.15 vs 0.88-0.99 ms). :func:`use_native_linears` hands a model's eligible
+(576 -> 3,072, random weights), best of interleaved runs, at :data:`RACE_ROWS` in turn:
+the native kernel takes calls of up to the last count it won before its first loss
+(every call, :data:`ALL_ROWS`, where it won them all; none where it lost the first).
+On a 2-core AMX Xeon its AVX-512 path lost at 64 rows (1.07-1.18 vs 0.29-0.33 ms); its
+AMX path takes decode steps (0.16-0.24 vs 0.20-0.30 ms) and, since a panel's tile steps
+are taken a dozen at a time, mixed steps of up to 256 rows (hot weights, native with
+SiLU * up fused vs oneDNN then silu_mul: gate/up 0.50 vs 0.56 ms, down 0.22 vs 0.29);
+512 rows stay oneDNN's (0.92 vs 0.73 ms). :func:`use_native_linears` hands a model's eligible
 :class:`engine.model.packed_linear.PackedLinear` layers to it.
 
 Taking every call keeps each row's result independent of its batch: a row's sums run
@@ -27,7 +29,7 @@ from engine.timing import interleaved_best
 
 log = logging.getLogger(__name__)
 
-RACE_ROWS = (64, 512)  # a decode step's rows, a prefill chunk's
+RACE_ROWS = (64, 256, 512)  # a decode step's rows, a mixed step's, a prefill chunk's
 RACE_SHAPE = (576, 3072)  # in, out features
 ALL_ROWS = 1 << 30
 
