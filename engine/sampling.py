@@ -20,6 +20,7 @@ host. Logprobs are those of the unmodified model distribution.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -115,10 +116,12 @@ def sample_batch(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    greedy: Callable[[torch.Tensor], torch.Tensor] = greedy_tokens,
 ) -> tuple[list[int], list[TokenLogprob | None]]:
     """Sample one token per row of ``logits`` [S, V] (any device); logprobs where
-    requested."""
-    tokens: list[int] = greedy_tokens(logits).tolist()
+    requested. ``greedy``: :func:`greedy_tokens` or a kernel with its results (the CPU
+    engine's :func:`engine.kernels.cpu_fused.argmax_rows`)."""
+    tokens: list[int] = greedy(logits).tolist()
     drawn = [(i, p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))
              if g is not None and not is_greedy(p)]  # fmt: skip
     if drawn:

@@ -11,6 +11,7 @@
 //   add_rmsnorm   res = bf(res + x);  out = bf(w * bf(res * 1/sqrt(sum(res^2)/N + eps)))
 //   rope_kv       q, k = bf(bf(q * cos) + bf(rotate_half(q) * sin)); k, v -> cache slots
 //   silu_mul      out = bf(bf(g / (1 + exp(-g))) * u)
+//   argmax_rows   each float32 row's index of its largest value (greedy sampling)
 //
 // where bf() is the round to nearest even of c10::BFloat16 (identity for float32), and
 // each product or sum is one float32 operation (no FMA contraction). The two places
@@ -300,6 +301,43 @@ void silu_mul(const T* gate_up, int64_t in_stride, T* out, int64_t out_stride, i
     }
 }
 
+// The index of each row's largest value: the first of equal ones, and the first NaN where
+// a row has one (torch.max(dim=-1)'s and argmax's indices). Lane l keeps the largest value
+// of elements l, l + 16, ... and the first index it came from (a later element replaces it
+// only when strictly larger); the row's answer is the smallest index among the lanes
+// holding the row's maximum. float32 rows (the LM head's logits).
+void argmax_rows(const float* x, int64_t stride, int rows, int width, int64_t* out) {
+    for (int r = 0; r < rows; r++) {
+        const float* row = x + r * stride;
+        __m512 best = _mm512_set1_ps(-INFINITY);
+        __m512i at = _mm512_set1_epi32(width);  // width: no element yet (an all -inf row)
+        __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i step = _mm512_set1_epi32(16);
+        __mmask16 nan = 0;
+        for (int i = 0; i < width; i += 16) {
+            const __mmask16 m = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
+            const __m512 v = _mm512_maskz_loadu_ps(m, row + i);
+            nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+            const __mmask16 up = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ) |
+                                 (_mm512_mask_cmp_ps_mask(m, v, best, _CMP_EQ_OQ) &
+                                  _mm512_cmp_epi32_mask(at, _mm512_set1_epi32(width), _MM_CMPINT_EQ));
+            best = _mm512_mask_mov_ps(best, up, v);
+            at = _mm512_mask_mov_epi32(at, up, idx);
+            idx = _mm512_add_epi32(idx, step);
+        }
+        if (nan) {  // the first NaN wins
+            int64_t first = 0;
+            while (!(row[first] != row[first])) first++;
+            out[r] = first;
+            continue;
+        }
+        const float top = _mm512_reduce_max_ps(best);
+        const __mmask16 holders = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
+        const int first = _mm512_mask_reduce_min_epi32(holders, at);
+        out[r] = first < width ? first : 0;  // a row of -inf only: its first element, as torch
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -350,5 +388,13 @@ KVT_ROPE(rope_kv_int8, bf16, uint16_t, int8_t, MAX_HEAD_DIM)
 KVT_SILU(f32, float)
 KVT_SILU(bf16, uint16_t)
 #undef KVT_SILU
+
+// float32 rows only (the LM head's logits); ``out``: int64 indices.
+int kvt_argmax_rows(const float* x, int64_t stride, int rows, int width, int64_t* out,
+                    int threads) {
+    if (width < 1) return 1;
+    over_rows(rows, threads, [&](int a, int n) { argmax_rows(x + a * stride, stride, n, width, out + a); });
+    return 0;
+}
 
 }  // extern "C"

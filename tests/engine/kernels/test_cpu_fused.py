@@ -16,6 +16,7 @@ from engine.kernels.cpu_fused import (
     PARALLEL_ROWS,
     FusedKernels,
     add_rmsnorm,
+    argmax_rows,
     load_fused_kernels,
     plan_rope,
     rope_write_kv,
@@ -220,3 +221,35 @@ def test_rows_split_over_threads_give_the_one_thread_values(fused: FusedKernels)
     alone, split = _run_all_ops(fused, 1), _run_all_ops(fused, 3)
     for a, b in zip(alone, split, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("rows", "width"), [(1, 1), (3, 15), (7, 16), (64, 49152), (20, 1000)])
+def test_argmax_rows_gives_torchs_max_indices(fused: FusedKernels, rows: int, width: int) -> None:
+    """Random rows (one thread and, from 16 rows, split over threads) with ties planted
+    across lanes and in the tail: the first index of each row's largest value, as
+    ``max(dim=-1).indices``."""
+    gen = torch.Generator().manual_seed(rows * width)
+    x = torch.randn((rows, width), generator=gen)
+    if width > 17:
+        x[::2, width - 1] = x[::2, 3] = 99.0  # a tie: lane 3 before the tail's last element
+        x[1::3, 17] = x[1::3, 1] = 50.0  # lanes 1 of two vectors
+    assert torch.equal(argmax_rows(fused, x), x.max(dim=-1).indices)
+    wide = torch.randn((rows, width + 5), generator=gen)
+    assert torch.equal(argmax_rows(fused, wide[:, :width]), wide[:, :width].max(dim=-1).indices)
+
+
+def test_argmax_rows_takes_nan_and_inf_as_torch_does(fused: FusedKernels) -> None:
+    x = torch.randn(6, 37)
+    x[0, 5] = x[0, 9] = float("nan")  # the first NaN wins
+    x[1] = float("-inf")  # nothing above -inf: the first element
+    x[2, 30] = float("nan")  # a NaN in the tail beats a larger value before it
+    x[2, 4] = 1e30
+    x[3] = float("inf")
+    x[4, 20] = float("inf")
+    x[5] = 7.0  # all equal: the first
+    assert torch.equal(argmax_rows(fused, x), x.max(dim=-1).indices)
+    assert argmax_rows(fused, x).tolist() == [5, 0, 30, 0, 20, 0]
+    with pytest.raises(ValueError):
+        argmax_rows(fused, x.bfloat16())
+    with pytest.raises(ValueError):
+        argmax_rows(fused, x.t())  # rows not contiguous
