@@ -87,8 +87,8 @@ class LLMEngine:
         self.num_preemptions = 0  # total, for tests and metrics
         self.num_steps = 0
         self.num_interjections = 0  # steps run inside another step (engine.tenant_fair)
-        # greedy picks: the fused CPU kernels' argmax where the runner has them (~0.1 ms
-        # of a 64-row step's float32 logits against torch's 0.8), else torch's
+        # greedy picks: the fused CPU kernels' argmax where the runner has them (0.31 ms
+        # for a 64-row step's float32 logits against torch's 0.84), else torch's
         fused = runner.fused
         self._greedy = greedy_tokens if fused is None else partial(argmax_rows, fused)
 

@@ -125,7 +125,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         # bfloat16 dot products in the native kernels (raced by prepare() where they exist)
         self._decode_products = False
         self._extend_products = False
-        self._extend_amx = False  # bfloat16 prefill on the AMX tiles (raced likewise)
+        self._extend_amx = False  # bf16 / int8-cache prefill on the AMX tiles (raced too)
         self._want_native_max_q = native_prefill_max_q
         self._native_max_q = 0  # set by prepare() (where prefill runs in torch)
         # This step's decode rows, planned (and checked) at the first layer and reused
@@ -161,7 +161,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     @property
     def extend_amx(self) -> bool:
-        """Whether native prefill over a bfloat16 cache runs on the AMX tiles (decided by
+        """Whether native prefill over a bfloat16 or int8 cache runs on the AMX tiles (decided by
         prepare(): where the library and the process have them and they measured faster
         here than the AVX-512 path)."""
         return self._extend_amx

@@ -242,7 +242,7 @@ def argmax_rows(kernels: FusedKernels, logits: torch.Tensor) -> torch.Tensor:
     """The index of each row's largest value of ``logits`` [rows, V] float32 on the CPU
     (rows contiguous): the first of equal ones, the first NaN where a row has one, as
     ``logits.max(dim=-1).indices``; int64 [rows]. 64 x 49,152 (a decode step's LM head),
-    2 threads of an AMX Xeon: ~0.1 ms against torch's 0.8."""
+    2 threads of an AMX Xeon: 0.31 ms against torch's 0.84 (reading the logits)."""
     _check_rows("logits", logits, torch.float32, logits.shape[-1] if logits.dim() == 2 else 0)
     rows, width = logits.shape
     out = torch.empty(rows, dtype=torch.int64)

@@ -137,7 +137,7 @@ class NativeKernels:
 
     @property
     def extend_amx(self) -> bool:
-        """Whether prefill over a bfloat16 cache can run on the AMX tiles here
+        """Whether prefill over a bfloat16 or int8 cache can run on the AMX tiles here
         (:func:`native_extend`'s ``amx``; head_dim 32 or 64)."""
         return self.library.extend_amx
 

@@ -90,7 +90,7 @@ class NativeLibrary:
     decode_int8: Callable[..., int]
     extend_int8: Callable[..., int]
     bf16_products: bool  # built with the bfloat16 dot-product paths (AVX512-BF16)
-    extend_amx: bool = False  # bfloat16 prefill may run on the AMX tiles (built, granted)
+    extend_amx: bool = False  # prefill may run on the AMX tiles (built and granted)
 
 
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
