@@ -29,9 +29,9 @@
 #include <string.h>
 
 #include <new>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <type_traits>
+
+#include "cpu_simd.h"
 
 namespace {
 
@@ -845,24 +845,6 @@ int decode_rows(int head_dim, int group, const Io& io, const T* k, const T* v,
 // int8 cache: 272 queries 181 vs 501 us, 512 after 512 1,175 vs 4,553. The engine's
 // 64-request prefill (16,103 prompt tokens) spent 1.29 s in attention on torch's path,
 // 0.55 s here.
-struct alignas(64) AttnTileConfig {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-inline void attn_tiles_configure() {
-    AttnTileConfig cfg{};
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_loadconfig(&cfg);
-}
-
 // A head's K or V row of token ``key`` as D bfloat16 values: a bfloat16 cache's in place,
 // an int8 cache's dequantized (int8 x its row's scale, rounded to bfloat16) into ``tmp``.
 template <int D, typename T>
@@ -1023,7 +1005,7 @@ int extend_amx(int head_dim, int group, const Io& io, int q_len, const T* k, con
         }
         float* s = static_cast<float*>(::operator new(sizeof(float) * 16 * padded, std::align_val_t(64)));
         uint16_t* pb = static_cast<uint16_t*>(::operator new(sizeof(uint16_t) * 16 * padded, std::align_val_t(64)));
-        attn_tiles_configure();
+        kvt_simd::configure_tiles(16, 8);  // every tile 16 rows
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < items; item++) {
             const int a = (tiles - 1 - item / (num_kv_heads * group)) * 16;  // the longest first
@@ -1041,12 +1023,6 @@ int extend_amx(int head_dim, int group, const Io& io, int q_len, const T* k, con
     return 0;
 }
 
-// Asks the kernel for this process's AMX tile state (Linux: arch_prctl
-// ARCH_REQ_XCOMP_PERM for XTILEDATA); true once granted.
-inline bool attn_amx_permitted() {
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
 #endif
 
 template <typename T>
@@ -1113,7 +1089,7 @@ KVT_LAUNCHERS(int8, int8_t)
 // refuses).
 int kvt_extend_amx() {
 #ifdef KVT_ATTN_AMX
-    return attn_amx_permitted() ? 1 : 0;
+    return kvt_simd::amx_permitted() ? 1 : 0;
 #else
     return 0;
 #endif

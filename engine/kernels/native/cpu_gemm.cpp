@@ -48,8 +48,6 @@
 #if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
 #define KVT_AMX_I8 1
 #endif
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "cpu_simd.h"
@@ -197,23 +195,7 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed, in
 #ifdef KVT_AMX
 // Tiles: 0..2 the C sums of a panel's vectors, 3 the A rows, 4..6 the B vectors. (Two
 // row blocks a pass, each B vector loaded once for both, measured no faster here.)
-struct alignas(64) TileConfig {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-inline void amx_configure(int rows) {
-    TileConfig cfg{};
-    cfg.palette = 1;
-    for (int t = 0; t < 7; t++) {
-        cfg.colsb[t] = 64;  // 16 float32 sums, 32 bfloat16 inputs, or 16 pairs' columns
-        cfg.rows[t] = uint8_t(t < 4 ? rows : 16);
-    }
-    _tile_loadconfig(&cfg);
-}
+inline void amx_configure(int rows) { kvt_simd::configure_tiles(rows, 4); }
 
 // Tile c += tile a x tile b, int8 (tdpbusd: uint8 rows, int8 weights) where ``Int8``, else
 // bfloat16 (tdpbf16ps). A macro: GCC's tile intrinsics paste their tile numbers into the
@@ -358,12 +340,6 @@ void gemm_bf16_amx(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed
     });
 }
 
-// Asks the kernel for this process's AMX tile state (Linux: arch_prctl
-// ARCH_REQ_XCOMP_PERM for XTILEDATA); true once granted.
-inline bool amx_permitted() {
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
 #endif
 
 #ifdef __AVX512VNNI__
@@ -526,7 +502,7 @@ int kvt_gemm_available() {
 // kernel for them; 0 where the build or the CPU lacks AMX-BF16 or the kernel refuses).
 int kvt_gemm_amx_available() {
 #ifdef KVT_AMX
-    return amx_permitted() ? 1 : 0;
+    return kvt_simd::amx_permitted() ? 1 : 0;
 #else
     return 0;
 #endif
@@ -643,7 +619,7 @@ int kvt_gemm_i8(const uint16_t* x, int64_t ldx, int m, const uint32_t* packed,
 // Whether this build has the int8 AMX path and the process may use the tiles.
 int kvt_gemm_i8_amx_available() {
 #ifdef KVT_AMX_I8
-    return amx_permitted() ? 1 : 0;
+    return kvt_simd::amx_permitted() ? 1 : 0;
 #else
     return 0;
 #endif

@@ -1,10 +1,17 @@
 // AVX-512 helpers shared by the native kernels (cpu_fused.cpp, cpu_gemm.cpp), where both
 // must compute the same float32 values bit for bit. Build with -ffp-contract=off: a
-// contracted multiply-add would round once where torch rounds twice.
+// contracted multiply-add would round once where torch rounds twice. And the AMX tiles'
+// set-up shared by cpu_gemm.cpp and cpu_attention.cpp.
 #pragma once
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+
+#ifdef __AMX_TILE__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace kvt_simd {
 
@@ -44,5 +51,35 @@ inline __m512 exp16(__m512 d) {
     return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), d, _CMP_LT_OQ),
                               _mm512_set1_ps(INFINITY));
 }
+
+#ifdef __AMX_TILE__
+struct alignas(64) TileConfig {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// Loads a configuration of all eight tiles, 64 bytes a row (16 float32 or int32 sums, 32
+// bfloat16 or 64 int8 inputs): tiles below ``block_tiles`` ``block_rows`` rows (a
+// partial block's C and A tiles), the rest 16.
+inline void configure_tiles(int block_rows, int block_tiles) {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = uint8_t(t < block_tiles ? block_rows : 16);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// Asks the kernel for this process's AMX tile state (Linux: arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA); true once granted.
+inline bool amx_permitted() {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#endif
 
 }  // namespace kvt_simd

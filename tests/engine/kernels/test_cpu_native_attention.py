@@ -38,6 +38,15 @@ def native() -> NativeKernels:
     return load_native_kernels(native_build.default_cache_dir())
 
 
+@pytest.fixture(scope="module")
+def amx_native(native: NativeKernels) -> NativeKernels:
+    """The kernels where prefill can run on the AMX tiles (the CPU and the kernel give
+    this process AMX-BF16), else the test skips."""
+    if not native.extend_amx:
+        pytest.skip("no AMX-BF16 tiles for this process")
+    return native
+
+
 # seq_lens (1, multiples of 16 and not, of the block size and not), heads, KV heads,
 # head_dim, block size: every head_dim built, groups 1-8.
 DECODE_CASES = [
@@ -210,7 +219,7 @@ def test_bf16_queries_over_a_bf16_cache_match_reference(
      ([48], [48], 16, 2, 64, 16)],  # eight query heads per KV head
 )  # fmt: skip
 def test_amx_prefill_matches_reference(
-    native: NativeKernels,
+    amx_native: NativeKernels,
     cache_dtype: torch.dtype,
     query_lens: list[int],
     seq_lens: list[int],
@@ -222,41 +231,37 @@ def test_amx_prefill_matches_reference(
     """A bfloat16 model's prefill on the AMX tiles (head_dim 32 and 64; other sizes keep
     the vectors) over a bfloat16 cache, or an int8 one (rows dequantized to bfloat16), is
     the reference over the values the cache holds within the bfloat16 paths' rounding."""
-    if not native.extend_amx:
-        pytest.skip("no AMX-BF16 tiles for this process")
     batch = _bf16_queries(build_paged_batch(query_lens, seq_lens, num_heads, num_kv_heads,
                                             head_dim, block_size, torch.float32, "cpu",
                                             seed=9))  # fmt: skip
     k, v, k_ref, v_ref = _caches(batch, cache_dtype)
     ref = _reference(batch, k_ref, v_ref, head_dim**-0.5)
-    torch.testing.assert_close(_extend_each(native, batch, k, v, None, amx=True), ref,
+    torch.testing.assert_close(_extend_each(amx_native, batch, k, v, None, amx=True), ref,
                                **BF16_PRODUCTS)  # fmt: skip
 
 
-def test_amx_is_taken_only_where_it_runs(native: NativeKernels) -> None:
+def test_amx_is_taken_only_where_it_runs(amx_native: NativeKernels) -> None:
     """Asked for the tiles, a bfloat16 model's chunk over a bfloat16 or int8 cache takes
     them (not the vectors' values, bit for bit); queries with float32 bits below
     bfloat16's, a float32 cache and head_dim 128 keep the vectors' path exactly."""
-    if not native.extend_amx:
-        pytest.skip("no AMX-BF16 tiles for this process")
     batch = build_paged_batch([24, 40], [1048, 40], 9, 3, 64, 16, torch.float32, "cpu", seed=6)
     k, v, _, _ = _caches(batch, torch.bfloat16)
     rounded = _bf16_queries(batch)
-    tiles = _extend_each(native, rounded, k, v, None, amx=True)
-    assert not torch.equal(tiles, _extend_each(native, rounded, k, v, None))
+    tiles = _extend_each(amx_native, rounded, k, v, None, amx=True)
+    assert not torch.equal(tiles, _extend_each(amx_native, rounded, k, v, None))
     k8, v8, _, _ = _caches(batch, torch.int8)
-    assert not torch.equal(_extend_each(native, rounded, k8, v8, None, amx=True),
-                           _extend_each(native, rounded, k8, v8, None))  # fmt: skip
-    assert torch.equal(_extend_each(native, batch, k, v, None, amx=True),
-                       _extend_each(native, batch, k, v, None))  # fmt: skip
+    assert not torch.equal(_extend_each(amx_native, rounded, k8, v8, None, amx=True),
+                           _extend_each(amx_native, rounded, k8, v8, None))  # fmt: skip
+    assert torch.equal(_extend_each(amx_native, batch, k, v, None, amx=True),
+                       _extend_each(amx_native, batch, k, v, None))  # fmt: skip
     k32, v32, _, _ = _caches(rounded, torch.float32)
-    assert torch.equal(_extend_each(native, rounded, k32, v32, None, amx=True),
-                       _extend_each(native, rounded, k32, v32, None))  # fmt: skip
+    assert torch.equal(_extend_each(amx_native, rounded, k32, v32, None, amx=True),
+                       _extend_each(amx_native, rounded, k32, v32, None))  # fmt: skip
     wide = _bf16_queries(build_paged_batch([9], [30], 8, 2, 128, 32, torch.float32, "cpu",
                                            seed=7))  # fmt: skip
     kw, vw, _, _ = _caches(wide, torch.bfloat16)
-    assert torch.equal(_extend_each(native, wide, kw, vw, None, amx=True),
-                       _extend_each(native, wide, kw, vw, None))  # fmt: skip
+    assert torch.equal(_extend_each(amx_native, wide, kw, vw, None, amx=True),
+                       _extend_each(amx_native, wide, kw, vw, None))  # fmt: skip
 
 
 def test_bf16_products_are_taken_only_for_bf16_queries(native: NativeKernels) -> None:
