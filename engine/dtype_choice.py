@@ -36,7 +36,8 @@ choice and its reason are logged.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+
+from kvtoll.cpu_info import cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -48,32 +49,6 @@ DOT_BF16_FLAGS = frozenset({"avx512_bf16"})  # bf16 dot-product instructions onl
 # the Emerald Rapids VM 0.55-0.75x), so there bfloat16 must measure at least this much
 # faster (engine.model.packed_linear.packed_bf16_speedup) to be chosen.
 BF16_MIN_SPEEDUP = 1.1
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first CPU's feature flags (x86 ``flags``, Arm ``Features``); empty if unknown."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The first CPU's model name (x86 ``model name``, Arm ``CPU part``); "" if unknown."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() in ("model name", "CPU part"):
-            return value.strip()
-    return ""
 
 
 def persisted_bf16_speedup() -> float:

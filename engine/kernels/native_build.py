@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.dtype_choice import cpu_flags
+from kvtoll.cpu_info import cpu_flags
 
 SOURCE = Path(__file__).with_name("native") / "cpu_attention.cpp"
 FUSED_SOURCE = SOURCE.with_name("cpu_fused.cpp")
@@ -65,7 +65,7 @@ def compiler() -> str | None:
 
 def unavailable_reason(flags: frozenset[str] | None = None) -> str | None:
     """None if the kernels can be built here, else why not; ``flags``: the CPU's
-    (default :func:`engine.dtype_choice.cpu_flags`)."""
+    (default :func:`kvtoll.cpu_info.cpu_flags`)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the native kernels are x86-64 AVX-512 code (this is {platform.machine()})"
     missing = REQUIRED_CPU_FLAGS - (cpu_flags() if flags is None else flags)

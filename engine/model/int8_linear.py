@@ -44,9 +44,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.dtype_choice import cpu_flags
 from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm
 from engine.model.packed_linear import PAIRED, sharing_parameters
+from kvtoll.cpu_info import cpu_flags
 
 
 def int8_available() -> bool:

@@ -10,12 +10,12 @@ import pytest
 from engine.config import EngineConfig
 from engine.dtype_choice import (
     BF16_MIN_SPEEDUP,
-    cpu_flags,
     native_bf16,
     preferred_dtype,
     resolve_dtype,
 )
 from engine.model import packed_linear
+from kvtoll.cpu_info import cpu_flags
 
 X86 = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma {extra}\n\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd {extra}\nCPU implementer\t: 0x41\n"
@@ -59,10 +59,6 @@ def test_cpu_choice_probes_this_machines_packing_by_default() -> None:
 def test_other_devices_are_float32_unless_cuda() -> None:
     assert preferred_dtype("mps", frozenset({"amx_bf16"}), packs_bf16=True) == "float32"
     assert native_bf16("mps", frozenset({"amx_bf16"})) is False
-
-
-def test_unreadable_cpuinfo_means_no_flags(tmp_path: Path) -> None:
-    assert cpu_flags(tmp_path / "missing") == frozenset()
 
 
 def test_explicit_dtypes_pass_through_and_bad_ones_are_refused() -> None:

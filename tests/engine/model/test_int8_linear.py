@@ -10,7 +10,6 @@ from torch import nn
 from engine.api import GenerationRequest, SamplingParams
 from engine.cli import engine_config
 from engine.config import EngineConfig
-from engine.dtype_choice import cpu_flags
 from engine.factory import build_llm_engine, load_model
 from engine.kernels.cpu_fused import FusedKernels, silu_mul
 from engine.kernels.cpu_gemm import NativeInt8Gemm, int8_gemm_here
@@ -23,6 +22,7 @@ from engine.model.int8_linear import (
     quantize_weight,
     reduce_range_needed,
 )
+from kvtoll.cpu_info import cpu_flags
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no x86/fbgemm quantized engine")
 
