@@ -1,7 +1,8 @@
 """Paged attention for CPU engines: decode rows through the native AVX-512 kernel of
-:mod:`engine.kernels.cpu_native_attention` where it can be built, else the numba
-kernel of :mod:`engine.kernels.cpu_decode_attention` (both read K/V from the block pool
-in place); prefill chunks through the native kernel where it measured faster than
+:mod:`engine.kernels.cpu_native_attention` where it can be built, else the AVX2 kernel of
+:mod:`engine.kernels.cpu_decode_avx2` where that builds, else the numba kernel of
+:mod:`engine.kernels.cpu_decode_attention` (all read K/V from the block pool in
+place); prefill chunks through the native kernel where it measured faster than
 torch's fused attention at start-up (:meth:`CpuAttentionBackend.prepare`), else as in
 :class:`engine.attention.torch_backend.TorchAttentionBackend`, which also writes the KV
 and serves caches that are neither float32 nor bfloat16. A bfloat16 model's queries
@@ -47,6 +48,7 @@ from engine.kernels.cpu_decode_attention import (
     decode_rows_attention,
     plan_decode_rows,
 )
+from engine.kernels.cpu_decode_avx2 import Avx2Decode, avx2_decode_here
 from engine.kernels.cpu_native_attention import (
     AMX_CACHES,
     AMX_HEAD_DIMS,
@@ -190,6 +192,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         q = torch.zeros((1, num_heads, head_dim))
         table = torch.zeros((1, 1), dtype=torch.int32)
         if self._native is None:
+            if self._want_native is not False:  # numba's decode stages, or the AVX2 kernel
+                self._kernels = CpuDecodeKernels(avx2=self._load_avx2(num_heads // num_kv_heads,
+                                                                      head_dim))  # fmt: skip
             cpu_paged_decode_attention(q, cache, cache.clone(), table,
                                        torch.ones(1, dtype=torch.int32), 1.0,
                                        kernels=self._kernels)  # fmt: skip
@@ -241,6 +246,19 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                + (" (an int8 KV cache needs them)" if required else ""))
         log.warning("cpu attention: native kernels unavailable (%s); numba decode kernels", reason)
         return None
+
+    def _load_avx2(self, group: int, head_dim: int) -> Avx2Decode | None:
+        """Where the AVX-512 kernels do not run: the AVX2 decode kernel if it builds here
+        for this shape, else None (numba's stages decode)."""
+        avx2, reason = avx2_decode_here(self._native_cache_dir)
+        if avx2 is not None and not avx2.supports(group, head_dim):
+            avx2, reason = None, f"not built for group {group}, head_dim {head_dim}"
+        if avx2 is None:
+            log.warning("cpu attention: AVX2 decode kernel unavailable (%s); numba decode "
+                        "kernels", reason)  # fmt: skip
+        else:
+            log.info("cpu attention: AVX2 decode kernel (%s); prefill in torch", avx2.path.name)
+        return avx2
 
     def _short_native_limit(self, num_heads: int, k_cache: torch.Tensor) -> int:
         """Where prefill runs in torch, the longest chunk to run natively all the same:

@@ -43,6 +43,7 @@ import numba
 import numpy as np
 import torch
 
+from engine.kernels.cpu_decode_avx2 import Avx2Decode
 from engine.kernels.kv_int8 import SCALE_BYTES, row_width
 from engine.kernels.numba_threads import numba_launch
 
@@ -166,8 +167,11 @@ _BAD_INDEX = {
 @dataclass
 class CpuDecodeKernels:
     """Compiled kernel pairs by (group, head_dim, num_kv_heads, bf16), built on first use
-    (numba loads them from its disk cache after the first compile on a machine, ~3 s)."""
+    (numba loads them from its disk cache after the first compile on a machine, ~3 s);
+    ``avx2``: the native AVX2 kernel (:mod:`engine.kernels.cpu_decode_avx2`), which
+    :func:`decode_rows_attention` runs instead of them for the shapes it is built for."""
 
+    avx2: Avx2Decode | None = None
     _built: dict[tuple[int, int, int, bool], tuple[Kernel, Kernel]] = field(
         default_factory=dict
     )
@@ -324,6 +328,11 @@ def decode_rows_attention(
     layer's call: only the tensors are checked here, the indices were at planning."""
     check_planned(rows, q, k_cache, v_cache, out)
     if not rows.num_rows:
+        return
+    avx2 = kernels.avx2
+    if avx2 is not None and avx2.supports(q.shape[1] // k_cache.shape[2], q.shape[2]):
+        avx2.run(rows, q, k_cache, v_cache, scale, out,
+                 torch.get_num_threads() if num_threads is None else num_threads)  # fmt: skip
         return
     if rows.scores.shape[0] != rows.num_rows:
         raise ValueError("these rows were planned without scratch (scratch=False)")

@@ -44,6 +44,7 @@ FUSED_FLAGS = ("-fopenmp", "-ffp-contract=off")
 ATTENTION_FLAGS = ("-fopenmp",)
 GEMM_FLAGS = ("-fopenmp", "-ffp-contract=off")  # its SiLU epilogue rounds as torch does
 REQUIRED_CPU_FLAGS = frozenset({"avx512f"})
+AVX2_CPU_FLAGS = frozenset({"avx2", "fma"})  # native/cpu_decode_avx2.cpp's
 log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128)  # the head sizes the library is built for
 MAX_GROUP = 8  # query heads per KV head it is built for: 1 .. MAX_GROUP
@@ -63,12 +64,15 @@ def compiler() -> str | None:
     return None
 
 
-def unavailable_reason(flags: frozenset[str] | None = None) -> str | None:
+def unavailable_reason(
+    flags: frozenset[str] | None = None, required: frozenset[str] = REQUIRED_CPU_FLAGS
+) -> str | None:
     """None if the kernels can be built here, else why not; ``flags``: the CPU's
-    (default :func:`kvtoll.cpu_info.cpu_flags`)."""
+    (default :func:`kvtoll.cpu_info.cpu_flags`); ``required``: the flags the source needs
+    (the AVX-512 kernels', or :data:`AVX2_CPU_FLAGS` for ``native/cpu_decode_avx2.cpp``)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the native kernels are x86-64 AVX-512 code (this is {platform.machine()})"
-    missing = REQUIRED_CPU_FLAGS - (cpu_flags() if flags is None else flags)
+        return f"the native kernels are x86-64 SIMD code (this is {platform.machine()})"
+    missing = required - (cpu_flags() if flags is None else flags)
     if missing:
         return f"the CPU lacks {', '.join(sorted(missing))}"
     if compiler() is None:
@@ -105,10 +109,16 @@ def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-def build(cache_dir: Path, source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> Path:
+def build(
+    cache_dir: Path,
+    source: Path = SOURCE,
+    extra_flags: tuple[str, ...] = (),
+    required: frozenset[str] = REQUIRED_CPU_FLAGS,
+) -> Path:
     """The library of ``source`` for this compiler and CPU in ``cache_dir``, compiled if
-    absent; RuntimeError (with the compiler's message) if it cannot be built."""
-    reason = unavailable_reason()
+    absent; RuntimeError (with the compiler's message) if it cannot be built (``required``:
+    the CPU flags the source needs)."""
+    reason = unavailable_reason(required=required)
     if reason is not None:
         raise RuntimeError(reason)
     cxx = compiler()

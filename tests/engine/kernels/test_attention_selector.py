@@ -77,6 +77,9 @@ def test_cpu_engines_compile_their_decode_kernels_when_built(dtype: str) -> None
         assert backend.native.library.path.exists()
         assert callable(backend.native.decode[cache_dtype])
         assert callable(backend.native.extend[cache_dtype])
+    elif native_build.unavailable_reason(required=native_build.AVX2_CPU_FLAGS) is None:
+        assert backend.native is None  # the AVX2 kernel, built before any request
+        assert backend.kernels.avx2 is not None and backend.kernels.avx2.path.exists()
     else:
         assert backend.native is None
         group = cfg.num_attention_heads // cfg.num_key_value_heads
@@ -90,18 +93,21 @@ def test_cpu_backend_without_native_kernels_compiles_numba_ones() -> None:
     backend = CpuAttentionBackend(native=False)
     backend.prepare(4, torch.zeros(1, 16, 2, 16))
     assert backend.native is None and not backend.native_prefill
+    assert backend.kernels.avx2 is None  # no native code at all, the AVX2 kernel neither
     assert all(k.signatures for k in backend.kernels.get(2, 16, 2, False))
 
 
 def test_native_kernels_that_cannot_build_fall_back_or_fail_when_required(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(native_build, "unavailable_reason", lambda flags=None: "no AVX-512 here")
+    monkeypatch.setattr(native_build, "unavailable_reason",
+                        lambda flags=None, required=None: "no AVX-512 here")  # fmt: skip
     cache = torch.zeros(1, 16, 2, 16)
     backend = CpuAttentionBackend()
     with caplog.at_level("WARNING"):
         backend.prepare(4, cache)
     assert backend.native is None and "no AVX-512 here" in caplog.text
+    assert backend.kernels.avx2 is None  # nor AVX2 (the same reason): numba decodes
     with pytest.raises(RuntimeError, match="no AVX-512 here"):
         CpuAttentionBackend(native=True).prepare(4, cache)
     # a head layout the library is not built for (head_dim 8) falls back the same way

@@ -23,7 +23,8 @@ def test_without_the_native_kernels_the_model_runs_eager(
 ) -> None:
     config = EngineConfig.tiny()
     _, want = _greedy(EngineConfig.tiny(fused_ops=False), tiny_model)
-    monkeypatch.setattr(native_build, "unavailable_reason", lambda: "the CPU lacks avx512f")
+    monkeypatch.setattr(native_build, "unavailable_reason",
+                        lambda flags=None, required=None: "the CPU lacks avx512f")  # fmt: skip
     assert cpu_fused.fused_kernels_here() is None
     fused, got = _greedy(config, tiny_model)
     assert fused is None and got == want
