@@ -331,7 +331,8 @@ def decode_rows_attention(
         return
     avx2 = kernels.avx2
     if avx2 is not None and avx2.supports(q.shape[1] // k_cache.shape[2], q.shape[2]):
-        avx2.run(rows, q, k_cache, v_cache, scale, out,
+        avx2.run(q, k_cache, v_cache, scale, out,
+                 (rows.block_tables, rows.seq_lens, rows.q_rows, rows.seq_ids),
                  torch.get_num_threads() if num_threads is None else num_threads)  # fmt: skip
         return
     if rows.scores.shape[0] != rows.num_rows:

@@ -24,14 +24,11 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from engine.kernels import native_build
-
-if TYPE_CHECKING:
-    from engine.kernels.cpu_decode_attention import DecodeRows
 
 SOURCE = native_build.SOURCE.with_name("cpu_decode_avx2.cpp")
 FLAGS = ("-fopenmp",)
@@ -52,29 +49,32 @@ class Avx2Decode:
 
     def run(
         self,
-        rows: DecodeRows,
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
         out: torch.Tensor,
+        indices: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         threads: int,
     ) -> None:
-        """Decode attention of the planned ``rows`` of ``q`` into ``out`` (float32
-        [num_q, H, D], contiguous), over float32 or bfloat16 caches of the planned shape:
-        the caller has checked the tensors and the rows' indices
-        (:func:`engine.kernels.cpu_decode_attention.check_planned`)."""
+        """Decode attention of rows ``q_rows`` of ``q`` (sequences ``seq_ids``) into the
+        same rows of ``out`` (float32 [num_q, H, D], contiguous), over float32 or bfloat16
+        caches; ``indices``: (block_tables int32 [S, max_blocks], seq_lens int32 [S],
+        q_rows int64 [R], seq_ids int64 [R]), C-contiguous numpy arrays. The caller has
+        checked the tensors and every index (the kernel does not bounds-check):
+        :func:`engine.kernels.cpu_decode_attention.decode_rows_attention` runs it on rows
+        planned by :func:`engine.kernels.cpu_decode_attention.plan_decode_rows`."""
         num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
         group = q.shape[1] // num_kv_heads
         if not self.supports(group, head_dim):
             raise ValueError(f"the AVX2 decode kernel is not built for {group} query heads "
                              f"per KV head of head_dim {head_dim}")  # fmt: skip
-        tables, lens = rows.block_tables, rows.seq_lens
+        tables, lens, q_rows, seq_ids = indices
         if self._rows(head_dim, group, q.data_ptr(), q.stride(0), k_cache.data_ptr(),
                       v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
                       tables.ctypes.data, tables.strides[0] // tables.itemsize,
-                      lens.ctypes.data, rows.q_rows.ctypes.data, rows.seq_ids.ctypes.data,
-                      rows.num_rows, k_cache.shape[1], num_kv_heads, float(scale),
+                      lens.ctypes.data, q_rows.ctypes.data, seq_ids.ctypes.data,
+                      q_rows.shape[0], k_cache.shape[1], num_kv_heads, float(scale),
                       out.data_ptr(), max(1, threads)):  # fmt: skip
             raise ValueError("the AVX2 decode kernel refused the call")
 

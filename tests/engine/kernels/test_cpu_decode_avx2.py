@@ -127,7 +127,8 @@ def test_shapes_it_is_not_built_for_go_to_numba(avx2: Avx2Decode) -> None:
     rows = plan_decode_rows(1, 9, b.k_cache.shape[0], 4, b.block_tables, b.seq_lens,
                             torch.tensor([0]), torch.tensor([0]))  # fmt: skip
     with pytest.raises(ValueError, match="not built for 9 query heads"):
-        avx2.run(rows, b.q, b.k_cache, b.v_cache, 0.25, torch.empty_like(b.q), 1)
+        avx2.run(b.q, b.k_cache, b.v_cache, 0.25, torch.empty_like(b.q),
+                 (rows.block_tables, rows.seq_lens, rows.q_rows, rows.seq_ids), 1)  # fmt: skip
 
 
 def test_no_avx2_means_no_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
