@@ -48,7 +48,7 @@ from engine.kernels.cpu_decode_attention import (
     decode_rows_attention,
     plan_decode_rows,
 )
-from engine.kernels.cpu_decode_avx2 import Avx2Decode, avx2_decode_here
+from engine.kernels.cpu_decode_avx2 import avx2_decode_for
 from engine.kernels.cpu_native_attention import (
     AMX_CACHES,
     AMX_HEAD_DIMS,
@@ -193,8 +193,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         table = torch.zeros((1, 1), dtype=torch.int32)
         if self._native is None:
             if self._want_native is not False:  # numba's decode stages, or the AVX2 kernel
-                self._kernels = CpuDecodeKernels(avx2=self._load_avx2(num_heads // num_kv_heads,
-                                                                      head_dim))  # fmt: skip
+                avx2 = avx2_decode_for(num_heads // num_kv_heads, head_dim,
+                                       self._native_cache_dir)  # fmt: skip
+                self._kernels = CpuDecodeKernels(avx2=avx2)
             cpu_paged_decode_attention(q, cache, cache.clone(), table,
                                        torch.ones(1, dtype=torch.int32), 1.0,
                                        kernels=self._kernels)  # fmt: skip
@@ -246,19 +247,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                + (" (an int8 KV cache needs them)" if required else ""))
         log.warning("cpu attention: native kernels unavailable (%s); numba decode kernels", reason)
         return None
-
-    def _load_avx2(self, group: int, head_dim: int) -> Avx2Decode | None:
-        """Where the AVX-512 kernels do not run: the AVX2 decode kernel if it builds here
-        for this shape, else None (numba's stages decode)."""
-        avx2, reason = avx2_decode_here(self._native_cache_dir)
-        if avx2 is not None and not avx2.supports(group, head_dim):
-            avx2, reason = None, f"not built for group {group}, head_dim {head_dim}"
-        if avx2 is None:
-            log.warning("cpu attention: AVX2 decode kernel unavailable (%s); numba decode "
-                        "kernels", reason)  # fmt: skip
-        else:
-            log.info("cpu attention: AVX2 decode kernel (%s); prefill in torch", avx2.path.name)
-        return avx2
 
     def _short_native_limit(self, num_heads: int, k_cache: torch.Tensor) -> int:
         """Where prefill runs in torch, the longest chunk to run natively all the same:

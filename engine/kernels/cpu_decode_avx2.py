@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 
 from engine.kernels import native_build
 
+log = logging.getLogger(__name__)
 SOURCE = native_build.SOURCE.with_name("cpu_decode_avx2.cpp")
 FLAGS = ("-fopenmp",)
 
@@ -84,9 +86,7 @@ def load_avx2_decode(cache_dir: Path) -> Avx2Decode:
     """Build (first use on a machine, a few seconds) and load the library from
     ``cache_dir``; RuntimeError if it cannot be built here (no AVX2/FMA, no compiler)."""
     path = native_build.build(cache_dir, SOURCE, FLAGS, required=native_build.AVX2_CPU_FLAGS)
-    import torch  # noqa: F401  # its libgomp first, so that the library's resolves to it
-
-    lib = ctypes.CDLL(str(path))
+    lib = ctypes.CDLL(str(path))  # after torch (imported above): its libgomp is the one used
     i32, i64, ptr, f32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     fn = lib.kvt_avx2_decode_rows
     fn.argtypes = [i32, i32, ptr, i64, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i32, i32, i32,
@@ -108,3 +108,17 @@ def avx2_decode_here(cache_dir: Path | None = None) -> tuple[Avx2Decode | None, 
         return load_avx2_decode(cache_dir or native_build.default_cache_dir()), None
     except (RuntimeError, OSError) as exc:
         return None, str(exc)
+
+
+def avx2_decode_for(group: int, head_dim: int, cache_dir: Path | None = None) -> Avx2Decode | None:
+    """The kernel where it builds here and is built for ``group`` query heads per KV head of
+    ``head_dim``, else None (numba's stages decode); either outcome logged."""
+    avx2, reason = avx2_decode_here(cache_dir)
+    if avx2 is not None and not avx2.supports(group, head_dim):
+        avx2, reason = None, f"not built for group {group}, head_dim {head_dim}"
+    if avx2 is None:
+        log.warning("cpu attention: AVX2 decode kernel unavailable (%s); numba decode kernels",
+                    reason)  # fmt: skip
+    else:
+        log.info("cpu attention: AVX2 decode kernel (%s); prefill in torch", avx2.path.name)
+    return avx2

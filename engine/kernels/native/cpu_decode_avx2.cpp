@@ -83,9 +83,12 @@ void row(int group, int hkv, const float* q, const T* k, const T* v, const int32
         _mm256_storeu_ps(qs + j, _mm256_mul_ps(load8(q + j), _mm256_set1_ps(scale)));
     const int64_t token_stride = int64_t(hkv) * D;  // a token's K (or V) rows, all KV heads
     const int64_t block_stride = int64_t(block_size) * token_stride;
+    auto token = [&](const T* cache, int t) {  // token t's rows, all KV heads
+        return cache + table[t / block_size] * block_stride + (t % block_size) * token_stride;
+    };
     // scores: each token's K rows read once, in order, for every head
     for (int t = 0; t < length; t++) {
-        const T* kt = k + table[t / block_size] * block_stride + (t % block_size) * token_stride;
+        const T* kt = token(k, t);
         for (int kh = 0; kh < hkv; kh++) {
             __m256 kv[V];
             for (int i = 0; i < V; i++) kv[i] = load8(kt + kh * D + 8 * i);
@@ -127,7 +130,7 @@ void row(int group, int hkv, const float* q, const T* k, const T* v, const int32
     }
     // weighted sum: each token's V rows read once, in order, added into every head's sums
     for (int t = 0; t < length; t++) {
-        const T* vt = v + table[t / block_size] * block_stride + (t % block_size) * token_stride;
+        const T* vt = token(v, t);
         for (int kh = 0; kh < hkv; kh++) {
             __m256 vv[V];
             for (int i = 0; i < V; i++) vv[i] = load8(vt + kh * D + 8 * i);

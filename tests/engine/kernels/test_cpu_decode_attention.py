@@ -1,4 +1,5 @@
-"""The numba CPU paged decode kernel vs the pure-torch reference, and its refusals."""
+"""The CPU paged decode kernels (numba's stages, the AVX2 kernel) vs the pure-torch
+reference, and their refusals."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from engine.kernels.cpu_decode_attention import (
     decode_rows_attention,
     plan_decode_rows,
 )
+from engine.kernels.cpu_decode_avx2 import avx2_decode_here
 from engine.kernels.reference import reference_paged_decode
 from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
 
@@ -30,9 +32,18 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def kernels() -> CpuDecodeKernels:
-    return CpuDecodeKernels()
+@pytest.fixture(scope="module", params=["numba", "avx2"])
+def kernels(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> CpuDecodeKernels:
+    """numba's stages, and the AVX2 kernel in their place (engine.kernels.cpu_decode_avx2)
+    where it builds here."""
+    if request.param == "numba":
+        return CpuDecodeKernels()
+    avx2, why_not = avx2_decode_here(tmp_path_factory.mktemp("kernels"))
+    if avx2 is None:
+        pytest.skip(f"the AVX2 decode kernel is not built here: {why_not}")
+    return CpuDecodeKernels(avx2=avx2)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
