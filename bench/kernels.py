@@ -231,7 +231,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, Any]]:
     """Tiny everything; the interpreter must be on before engine.kernels is imported."""
     os.environ["TRITON_INTERPRET"] = "1"
-    args.engine_requests, args.min_len, args.max_len = 3, 4, 12
+    args.engine_requests, args.min_len, args.max_len = 2, 3, 5
     args.kv_cache_gib, args.max_num_batched_tokens, args.max_num_seqs = 1, 64, 4
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
     plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)],
