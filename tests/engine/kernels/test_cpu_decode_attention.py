@@ -19,8 +19,7 @@ from engine.kernels.reference import reference_paged_decode
 from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
 
 # seq_lens (1 and non-multiples of the block size included), heads, kv heads, head_dim,
-# block size. Group sizes 1-4 and head_dims 8-128; each (group, head_dim, kv heads) is
-# compiled once per cache dtype (~4 s each on a 2-core EPYC): five shapes.
+# block size. Group sizes 1-4 and head_dims 8-128.
 CASES = [
     ([1], 4, 4, 64, 8),
     ([1, 19, 40], 9, 3, 64, 16),
@@ -30,24 +29,41 @@ CASES = [
     ([100, 1], 8, 2, 128, 32),
     ([2048, 31], 9, 3, 64, 16),  # long context
 ]
+# numba compiles its kernels once per (group, head_dim, kv heads) and cache dtype, ~3-4 s
+# each on 2 cores: it runs the cases of three shapes (groups 2-4, head_dims 16-128; the
+# AVX2 kernel, built once for every shape, runs them all).
+NUMBA_SHAPES = {(3, 64, 3), (2, 16, 2), (4, 128, 2)}
+DECODE_CASES = [
+    pytest.param(kernel, *case, id=f"{kernel}-{i}")
+    for kernel in ("numba", "avx2")
+    for i, case in enumerate(CASES)
+    if kernel == "avx2" or (case[1] // case[2], case[3], case[2]) in NUMBA_SHAPES
+]
+
+
+@pytest.fixture(scope="module")
+def avx2_kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple[CpuDecodeKernels | None, str]:
+    """The AVX2 kernel in numba's place (engine.kernels.cpu_decode_avx2), built once."""
+    avx2, why_not = avx2_decode_here(tmp_path_factory.mktemp("kernels"))
+    return (None if avx2 is None else CpuDecodeKernels(avx2=avx2)), str(why_not)
 
 
 @pytest.fixture(scope="module", params=["numba", "avx2"])
-def kernels(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> CpuDecodeKernels:
-    """numba's stages, and the AVX2 kernel in their place (engine.kernels.cpu_decode_avx2)
-    where it builds here."""
+def kernels(request: pytest.FixtureRequest) -> CpuDecodeKernels:
+    """numba's stages, and the AVX2 kernel in their place where it builds here."""
     if request.param == "numba":
         return CpuDecodeKernels()
-    avx2, why_not = avx2_decode_here(tmp_path_factory.mktemp("kernels"))
+    avx2, why_not = request.getfixturevalue("avx2_kernels")
     if avx2 is None:
         pytest.skip(f"the AVX2 decode kernel is not built here: {why_not}")
-    return CpuDecodeKernels(avx2=avx2)
+    return avx2
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", CASES)
+@pytest.mark.parametrize(
+    "kernels, seq_lens, num_heads, num_kv_heads, head_dim, block_size", DECODE_CASES,
+    indirect=["kernels"],
+)  # fmt: skip
 def test_decode_matches_reference(
     kernels: CpuDecodeKernels,
     cache_dtype: torch.dtype,
