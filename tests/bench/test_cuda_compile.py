@@ -1,7 +1,9 @@
-"""The Triton kernels compile for Hopper (sm_90) and Ampere (sm_80) GPUs without one,
-and the builds are sound: no register spills inside loops (at most a value parked
-around one), shared memory within the chip's limit, K/V tiles loaded in 16-byte
-vectors, bf16 extend on tensor cores (wgmma on Hopper).
+"""The Triton kernels compile for Hopper (sm_90: the H100/H200 machines GPU sessions are
+lent) without a GPU, and the builds are sound: no register spills inside loops (at most
+a value parked around one), shared memory within the chip's limit, K/V tiles loaded in
+16-byte vectors, bf16 extend on tensor cores (wgmma). Ampere (sm_80) builds are
+``bench/kernel_compile.py``'s default too; the suite leaves them out (~25-50 s of a
+core in a fresh clone, for a chip no session runs on).
 
 The interpreter that the other kernel tests use accepts code a GPU build rejects, so
 this runs ``bench/kernel_compile.py`` in a child process without ``TRITON_INTERPRET``
@@ -46,7 +48,7 @@ def _run(args: list[str], interpret: bool) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
-ARCHES = (90, 80)  # Hopper (H100/H200) and Ampere (A100)
+ARCHES = (90,)  # Hopper (H100/H200)
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +94,12 @@ def test_attention_kernels_load_kv_in_16_byte_vectors(
         assert r["widest_load_bytes"] == 16, (r["label"], r["name"], r["global_loads"])
 
 
-@pytest.mark.parametrize(("arch", "instruction"), [(90, "HGMMA"), (80, "HMMA")])
-def test_bf16_extend_runs_on_tensor_cores(
-    reports: list[dict[str, Any]], arch: int, instruction: str
-) -> None:
-    """wgmma (HGMMA) on Hopper, mma.sync (HMMA) on Ampere."""
-    for r in reports:
-        if r["arch"] == arch and r["name"] == "_extend_kernel" and "bfloat16" in r["label"]:
-            assert r["matrix_ops"].get(instruction, 0) > 0, (r["label"], r["matrix_ops"])
+def test_bf16_extend_runs_on_tensor_cores(reports: list[dict[str, Any]]) -> None:
+    """wgmma (HGMMA) on Hopper."""
+    extends = [r for r in reports if r["name"] == "_extend_kernel" and "bfloat16" in r["label"]]
+    assert extends
+    for r in extends:
+        assert r["matrix_ops"].get("HGMMA", 0) > 0, (r["label"], r["matrix_ops"])
 
 
 SASS = """
