@@ -140,10 +140,9 @@ def build(
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on ``path`` (created if absent), one per library: the attention
-    library takes ~30 s to compile, and without it every process that started on a
-    fresh cache at once compiled its own copy, while another library's builder need not
-    wait for it."""
+    """An exclusive flock on ``path`` (created if absent). Without it every process that
+    started on a fresh cache at once compiled its own copy of the ~30 s attention
+    library; one lock per library, so a builder of another library does not wait."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
