@@ -10,8 +10,9 @@ int8 with per-row activation scales (:mod:`proxy.semantic.rowquant`) and each pa
 to its own length bucket (:mod:`proxy.semantic.padding`), so a pair's score does not
 depend on the other pairs of its batch. The tokenizer is MiniLM's own (same vocabulary).
 
-Torch (and transformers) are imported only inside this module's functions: importing
-it costs nothing, building a model loads them.
+Torch is imported only inside this module's functions: importing it costs nothing,
+building a model loads it. The run-time model is :mod:`proxy.semantic.bert`'s encoder;
+only training loads ``transformers``.
 """
 
 from __future__ import annotations
@@ -37,17 +38,10 @@ Precision = Literal["int8", "fp32", "bf16"]
 Pool = Literal["cls", "mean"]  # the head reads [CLS]'s state, or the mean of all tokens
 
 
-def _torch_classes() -> tuple[Any, Any, Any]:
-    import torch
-    from transformers import BertConfig, BertModel
-
-    return torch, BertConfig, BertModel
-
-
 def _make_class() -> Any:
-    torch, _, _ = _torch_classes()
+    import torch
 
-    class _PairClassifier(torch.nn.Module):  # type: ignore[name-defined]
+    class _PairClassifier(torch.nn.Module):
         def __init__(self, encoder: Any, pool: Pool) -> None:
             super().__init__()
             if pool not in ("cls", "mean"):
@@ -58,10 +52,10 @@ def _make_class() -> Any:
             self.head = torch.nn.Linear(int(encoder.config.hidden_size), 1)
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            out = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-            states = out.last_hidden_state
+            out = self.encoder(input_ids, attention_mask, token_type_ids)
+            # proxy.semantic.bert's encoder returns the states; transformers' (training) an
+            # object holding them
+            states = out if isinstance(out, torch.Tensor) else out.last_hidden_state
             if self.mean_pool:  # the embedder's own pooling: what its pre-training shaped
                 weights = attention_mask.unsqueeze(-1).to(states.dtype)
                 pooled = (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
@@ -78,18 +72,20 @@ class PairClassifier:
     @staticmethod
     def from_pretrained_encoder(model_dir: Path, pool: Pool = "cls") -> Any:
         """MiniLM weights from ``model_dir`` plus a freshly initialised head (training)."""
-        _, _, bert_model = _torch_classes()
-        encoder = bert_model.from_pretrained(
+        from transformers import BertModel
+
+        encoder = BertModel.from_pretrained(
             str(model_dir), add_pooling_layer=False, local_files_only=True
         )
         return _make_class()(encoder, pool)
 
     @staticmethod
     def from_config_dict(config: dict[str, Any], pool: Pool = "cls") -> Any:
-        """An untrained module of the shape ``config`` (a BERT config as a dict)."""
-        _, bert_config, bert_model = _torch_classes()
-        encoder = bert_model(bert_config.from_dict(dict(config)), add_pooling_layer=False)
-        return _make_class()(encoder, pool)
+        """An untrained module of the shape ``config`` (a BERT config as a dict), on
+        :mod:`proxy.semantic.bert`'s encoder (what the gateway runs: no ``transformers``)."""
+        from proxy.semantic.bert import bert_encoder
+
+        return _make_class()(bert_encoder(config), pool)
 
 
 def pack_state(state: dict[str, np.ndarray], min_quantized: int = 4096) -> dict[str, np.ndarray]:

@@ -102,13 +102,13 @@ class PairEncoder:
     ) -> None:
         import torch
         from tokenizers import Tokenizer
-        from transformers import BertConfig, BertModel
 
+        from proxy.semantic.bert import bert_encoder
         from proxy.semantic.embedder import bundled_model_path
 
         self._config = config
         self._torch = torch
-        model = BertModel(BertConfig.from_dict(dict(config.bert)), add_pooling_layer=False)
+        model = bert_encoder(config.bert)
         state = {k: torch.from_numpy(v) for k, v in unpack_state(arrays).items()}
         model.load_state_dict(state)
         model.eval()
@@ -187,7 +187,7 @@ def _trace(model: Any) -> Any:
             self.bert = bert
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return self.bert(input_ids, attention_mask)
 
     ids = torch.tensor([[101, 2129, 2079, 1045, 102], [101, 7592, 102, 0, 0]])
     with warnings.catch_warnings(), torch.inference_mode():
