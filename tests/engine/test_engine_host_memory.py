@@ -112,3 +112,26 @@ def test_the_runners_kv_caches_sit_on_huge_pages() -> None:
     assert k.numel() * k.element_size() >= 4 * (2 << 20)
     assert bool((k == 0).all()) and bool((v == 0).all())
     assert _huge_kib(k.data_ptr() + k.numel() * k.element_size() // 2) > 0
+
+
+def test_only_caches_that_may_reuse_heap_pages_are_collapsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below glibc's mmap threshold a cache may come from the heap, its pages already
+    touched small: collapse them. At or above it the cache is a fresh mapping, faulting
+    in huge as it is zeroed: collapsing first only made the kernel populate it (slower)."""
+    import torch
+
+    from engine import runner
+    from engine.host_memory import MMAP_THRESHOLD_BYTES
+
+    asked: list[tuple[int, bool]] = []
+    def advise(address: int, nbytes: int, collapse: bool) -> None:
+        asked.append((nbytes, collapse))
+
+    monkeypatch.setattr(runner, "advise_huge_pages", advise)
+    for nbytes in (MMAP_THRESHOLD_BYTES // 2, MMAP_THRESHOLD_BYTES, 2 * MMAP_THRESHOLD_BYTES):
+        cache = runner._zeroed_cache((nbytes // 4,), torch.float32, "cpu")
+        assert bool((cache == 0).all())
+    assert asked == [(MMAP_THRESHOLD_BYTES // 2, True), (MMAP_THRESHOLD_BYTES, False),
+                     (2 * MMAP_THRESHOLD_BYTES, False)]  # fmt: skip
