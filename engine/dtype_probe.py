@@ -9,7 +9,8 @@ what makes a machine's answer differ (CPU model, its flags, torch's version); a
 different key is measured again. Delete the file to measure again.
 
 File: ``$XDG_CACHE_HOME/kvtoll/dtype-probe.json`` (default ``~/.cache``), JSON
-``{"key": ..., "bf16_speedup": float, "measured_at": unix seconds}``.
+``{"key": ..., "bf16_speedup": float, "measured_at": unix seconds}``. :func:`persisted`
+keeps other start-up races the same way (engine.model.native_linear's row limit).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ class ProbeResult:
     measured_now: bool  # False: read from the file another start wrote
 
 
-def default_path() -> Path:
+def default_path(name: str = FILE_NAME) -> Path:
+    """Where a probe named ``name`` is kept (the dtype probe's by default)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvtoll" / FILE_NAME
+    return Path(base) / "kvtoll" / name
 
 
 def machine_key(flags: frozenset[str], cpu_model: str, torch_version: str) -> str:
@@ -47,17 +49,18 @@ def machine_key(flags: frozenset[str], cpu_model: str, torch_version: str) -> st
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _read(path: Path, key: str) -> float | None:
+def _read(path: Path, key: str, field: str) -> float | None:
+    """``field`` of ``path`` if the file was written for ``key`` and holds a number >= 0."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("key") != key:
         return None
-    speedup = data.get("bf16_speedup")
-    if isinstance(speedup, bool) or not isinstance(speedup, int | float) or speedup <= 0:
+    value = data.get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         return None
-    return float(speedup)
+    return float(value)
 
 
 def persisted_speedup(
@@ -67,23 +70,34 @@ def persisted_speedup(
     ``measure()`` it once (under an exclusive lock, so concurrent starts agree) and keep it.
     Falls back to measuring without keeping when the directory is not writable."""
     path = path or default_path()
+    value, measured_now = persisted(key, "bf16_speedup", measure, path)
+    return ProbeResult(value, path, measured_now)
+
+
+def persisted(
+    key: str, field: str, measure: Callable[[], float], path: Path
+) -> tuple[float, bool]:
+    """A start-up measurement kept per machine: ``field`` of the JSON file ``path`` if it
+    was written for ``key``, else ``measure()`` (a number >= 0) once, under an exclusive
+    lock so concurrent starts agree, kept with the key. The value, and whether it was
+    measured now."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held across the probe
     except OSError as exc:
-        log.warning("dtype probe: cannot keep its result in %s (%s): measuring", path, exc)
-        return ProbeResult(measure(), path, True)
+        log.warning("probe: cannot keep its result in %s (%s): measuring", path, exc)
+        return measure(), True
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        known = _read(path, key)
+        known = _read(path, key, field)
         if known is not None:
-            return ProbeResult(known, path, False)
-        speedup = measure()
-        body = {"key": key, "bf16_speedup": speedup, "measured_at": time.time()}
+            return known, False
+        value = measure()
+        body = {"key": key, field: value, "measured_at": time.time()}
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(body))
             tmp.replace(path)
         except OSError as exc:
-            log.warning("dtype probe: cannot write %s (%s)", path, exc)
-        return ProbeResult(speedup, path, True)
+            log.warning("probe: cannot write %s (%s)", path, exc)
+        return value, True

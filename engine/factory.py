@@ -39,7 +39,7 @@ from engine.loader.bundled import bundled_model_path
 from engine.model.config import LlamaConfig
 from engine.model.int8_linear import quantize_linears
 from engine.model.llama import LlamaForCausalLM, stack_checkpoint
-from engine.model.native_linear import native_rows_limit, use_native_linears
+from engine.model.native_linear import kept_rows_limit, use_native_linears
 from engine.model.packed_linear import PackedLinear, best_packing, pack_linears
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
@@ -110,7 +110,7 @@ def _build_model(
         bf16_layers = any(isinstance(m, PackedLinear) and m.weight.dtype == torch.bfloat16
                           for m in model.modules())  # fmt: skip
         if bf16_layers and (gemm := gemm_here()) is not None:
-            max_rows = native_rows_limit(gemm)  # engine.model.native_linear: raced here
+            max_rows = kept_rows_limit(gemm)  # engine.model.native_linear: raced once here
             if max_rows:
                 use_native_linears(model, gemm, max_rows)
     return model

@@ -19,19 +19,23 @@ over its inputs in one fixed order whatever rows share the call.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from engine.dtype_probe import default_path, machine_key, persisted
 from engine.kernels.cpu_gemm import NativeGemm
 from engine.model.packed_linear import PAIRED, PackedLinear
 from engine.timing import interleaved_best
+from kvtoll.cpu_info import cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 
 RACE_ROWS = (64, 256, 512)  # a decode step's rows, a mixed step's, a prefill chunk's
 RACE_SHAPE = (576, 3072)  # in, out features
 ALL_ROWS = 1 << 30
+PROBE_FILE = "native-linear-probe.json"  # kept_rows_limit's, beside the dtype probe's
 
 
 def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
@@ -62,6 +66,24 @@ def native_rows_limit(gemm: NativeGemm, repeats: int = 5) -> int:
                 return limit
             limit = rows
     return ALL_ROWS
+
+
+def kept_rows_limit(gemm: NativeGemm, path: Path | None = None) -> int:
+    """:func:`native_rows_limit`, raced once per machine and kept
+    (:func:`engine.dtype_probe.persisted`, ``native-linear-probe.json``): every worker on
+    a machine then splits its linears at the same row count (a row's sums depend on which
+    kernel takes its call, so two workers that raced apart could answer one
+    temperature-0 prompt two ways), and later starts skip the race (~0.9 s). Keyed by the
+    machine (CPU, flags, torch), the library's build and the race's shape; delete the file
+    to race again."""
+    key = "|".join((machine_key(cpu_flags(), cpu_model(), torch.__version__), gemm.path.name,
+                    f"{RACE_ROWS}{RACE_SHAPE}"))  # fmt: skip
+    path = path or default_path(PROBE_FILE)
+    rows, raced = persisted(key, "native_rows", lambda: float(native_rows_limit(gemm)), path)
+    if not raced:
+        log.info("bfloat16 linears: native up to %d rows (raced before, kept in %s)",
+                 int(rows), path)  # fmt: skip
+    return int(rows)
 
 
 def use_native_linears(model: nn.Module, gemm: NativeGemm, max_rows: int) -> int:

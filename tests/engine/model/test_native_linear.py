@@ -4,6 +4,8 @@ oneDNN, and the start-up race's verdicts."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +14,12 @@ from torch import nn
 import engine.model.native_linear as native_linear
 from engine.kernels.cpu_fused import FusedKernels, silu_mul
 from engine.kernels.cpu_gemm import NativeGemm
-from engine.model.native_linear import ALL_ROWS, native_rows_limit, use_native_linears
+from engine.model.native_linear import (
+    ALL_ROWS,
+    kept_rows_limit,
+    native_rows_limit,
+    use_native_linears,
+)
 from engine.model.packed_linear import PackedLinear, onednn_bf16_packing_works
 
 
@@ -119,3 +126,27 @@ def test_gate_up_layers_are_paired_and_fuse_silu_up_to_the_limit(
         assert other.silu_mul(x) is None  # not paired
         assert gate_up.silu_mul(torch.randn(9, 64).to(torch.bfloat16)) is None  # oneDNN's rows
         assert gate_up.silu_mul(x.float()) is None
+
+
+def test_the_race_is_run_once_per_machine_and_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Later starts (and concurrent ones, engine.dtype_probe.persisted's lock) read the
+    first start's row limit, whatever a fresh race would say; another library build races
+    again. ``no`` (0) is a verdict to keep too."""
+    verdicts = iter([256, ALL_ROWS, 0, 64])
+    raced: list[str] = []
+
+    def race(gemm: object) -> int:
+        raced.append(gemm.path.name)
+        return next(verdicts)
+
+    monkeypatch.setattr(native_linear, "native_rows_limit", race)
+    path = tmp_path / "probe.json"
+    one, other = (SimpleNamespace(path=Path(f"/cache/cpu_gemm-{h}.so")) for h in ("a1", "b2"))
+    assert [kept_rows_limit(one, path) for _ in range(3)] == [256] * 3
+    assert kept_rows_limit(other, path) == ALL_ROWS
+    path.write_text("not json")
+    assert kept_rows_limit(one, path) == 0
+    assert kept_rows_limit(one, path) == 0
+    assert raced == ["cpu_gemm-a1.so", "cpu_gemm-b2.so", "cpu_gemm-a1.so"]
