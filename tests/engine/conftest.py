@@ -11,6 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, load_model
+from engine.kernels.cpu_decode_avx2 import Avx2Decode, avx2_decode_here
 from engine.kernels.cpu_fused import FusedKernels, fused_kernels_here
 from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
 
@@ -97,3 +98,10 @@ def fused_kernels() -> FusedKernels:
     return _built(
         fused_kernels_here(), "no AVX-512 or no compiler here: the fused CPU kernels are not built"
     )
+
+
+@pytest.fixture(scope="session")
+def avx2_decode() -> Avx2Decode:
+    """The AVX2 decode attention kernel (engine.kernels.cpu_decode_avx2)."""
+    found, why_not = avx2_decode_here()
+    return _built(found, f"the AVX2 decode kernel is not built here: {why_not}")

@@ -33,6 +33,8 @@
 namespace {
 
 constexpr int MAX_GROUP = 8;
+// The head sizes built (dispatch's cases and kvt_avx2_head_dim_ok's answer).
+#define KVT_HEAD_DIMS(X) X(8) X(16) X(32) X(64) X(96) X(128) X(256)
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
@@ -65,6 +67,17 @@ inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+// For each KV head of one token's rows (all KV heads, D apart): its row as V vectors,
+// then f(h, row) for each of the group's query heads h.
+template <int V, typename T, typename F>
+inline void each_head(const T* rows, int hkv, int group, F f) {
+    for (int kh = 0; kh < hkv; kh++) {
+        __m256 row[V];
+        for (int i = 0; i < V; i++) row[i] = load8(rows + kh * V * 8 + 8 * i);
+        for (int g = 0; g < group; g++) f(kh * group + g, row);
+    }
+}
+
 // One decode row, all its heads: q row [H, D] (heads of KV head h at h * group ..), out
 // likewise; the sequence's block table and length. ``scores``: [H, length] scratch,
 // ``acc``: [H, D] scratch.
@@ -88,18 +101,12 @@ void row(int group, int hkv, const float* q, const T* k, const T* v, const int32
     };
     // scores: each token's K rows read once, in order, for every head
     for (int t = 0; t < length; t++) {
-        const T* kt = token(k, t);
-        for (int kh = 0; kh < hkv; kh++) {
-            __m256 kv[V];
-            for (int i = 0; i < V; i++) kv[i] = load8(kt + kh * D + 8 * i);
-            for (int g = 0; g < group; g++) {
-                const int h = kh * group + g;
-                const float* qh = qs + h * D;
-                __m256 sum = _mm256_mul_ps(load8(qh), kv[0]);
-                for (int i = 1; i < V; i++) sum = _mm256_fmadd_ps(load8(qh + 8 * i), kv[i], sum);
-                s[h * length + t] = hsum(sum);
-            }
-        }
+        each_head<V>(token(k, t), hkv, group, [&](int h, const __m256* kv) {
+            const float* qh = qs + h * D;
+            __m256 sum = _mm256_mul_ps(load8(qh), kv[0]);
+            for (int i = 1; i < V; i++) sum = _mm256_fmadd_ps(load8(qh + 8 * i), kv[i], sum);
+            s[h * length + t] = hsum(sum);
+        });
     }
     // exact softmax per head: probabilities e^(s - max) / sum, as torch.softmax gives
     for (int h = 0; h < heads; h++) {
@@ -130,18 +137,12 @@ void row(int group, int hkv, const float* q, const T* k, const T* v, const int32
     }
     // weighted sum: each token's V rows read once, in order, added into every head's sums
     for (int t = 0; t < length; t++) {
-        const T* vt = token(v, t);
-        for (int kh = 0; kh < hkv; kh++) {
-            __m256 vv[V];
-            for (int i = 0; i < V; i++) vv[i] = load8(vt + kh * D + 8 * i);
-            for (int g = 0; g < group; g++) {
-                const int h = kh * group + g;
-                const __m256 p = _mm256_set1_ps(s[h * length + t]);
-                float* ah = a + h * D;
-                for (int i = 0; i < V; i++)
-                    _mm256_storeu_ps(ah + 8 * i, _mm256_fmadd_ps(p, vv[i], load8(ah + 8 * i)));
-            }
-        }
+        each_head<V>(token(v, t), hkv, group, [&](int h, const __m256* vv) {
+            const __m256 p = _mm256_set1_ps(s[h * length + t]);
+            float* ah = a + h * D;
+            for (int i = 0; i < V; i++)
+                _mm256_storeu_ps(ah + 8 * i, _mm256_fmadd_ps(p, vv[i], load8(ah + 8 * i)));
+        });
     }
     for (int h = 0; h < heads; h++) memcpy(out + h * D, a + h * D, sizeof(float) * D);
 }
@@ -175,7 +176,7 @@ int dispatch(int head_dim, int group, const float* q, int64_t q_stride, const T*
         return rows<T, d>(group, q, q_stride, k, v, tables, table_stride, seq_lens, q_rows,   \
                           seq_ids, n_rows, block_size, hkv, scale, out, threads);
     switch (head_dim) {
-        KVT_D(8) KVT_D(16) KVT_D(32) KVT_D(64) KVT_D(96) KVT_D(128) KVT_D(256)
+        KVT_HEAD_DIMS(KVT_D)
         default:
             return 1;
     }
@@ -188,10 +189,14 @@ extern "C" {
 
 // The head sizes built: a caller checks with this before relying on the kernel.
 int kvt_avx2_head_dim_ok(int head_dim) {
+#define KVT_OK(d) case d:
     switch (head_dim) {
-        case 8: case 16: case 32: case 64: case 96: case 128: case 256: return 1;
-        default: return 0;
+        KVT_HEAD_DIMS(KVT_OK)
+        return 1;
+        default:
+            return 0;
     }
+#undef KVT_OK
 }
 
 int kvt_avx2_max_group() { return MAX_GROUP; }

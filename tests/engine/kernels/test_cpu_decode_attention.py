@@ -14,7 +14,6 @@ from engine.kernels.cpu_decode_attention import (
     decode_rows_attention,
     plan_decode_rows,
 )
-from engine.kernels.cpu_decode_avx2 import avx2_decode_here
 from engine.kernels.reference import reference_paged_decode
 from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
 
@@ -41,22 +40,13 @@ DECODE_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def avx2_kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple[CpuDecodeKernels | None, str]:
-    """The AVX2 kernel in numba's place (engine.kernels.cpu_decode_avx2), built once."""
-    avx2, why_not = avx2_decode_here(tmp_path_factory.mktemp("kernels"))
-    return (None if avx2 is None else CpuDecodeKernels(avx2=avx2)), str(why_not)
-
-
 @pytest.fixture(scope="module", params=["numba", "avx2"])
 def kernels(request: pytest.FixtureRequest) -> CpuDecodeKernels:
-    """numba's stages, and the AVX2 kernel in their place where it builds here."""
+    """numba's stages, and the AVX2 kernel (engine.kernels.cpu_decode_avx2) in their place
+    where it builds here (the session's ``avx2_decode``, which skips where it does not)."""
     if request.param == "numba":
         return CpuDecodeKernels()
-    avx2, why_not = request.getfixturevalue("avx2_kernels")
-    if avx2 is None:
-        pytest.skip(f"the AVX2 decode kernel is not built here: {why_not}")
-    return avx2
+    return CpuDecodeKernels(avx2=request.getfixturevalue("avx2_decode"))
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])

@@ -23,16 +23,8 @@ from tests.engine.kernels.kernel_batches import TOLERANCES, build_paged_batch
 
 
 @pytest.fixture(scope="module")
-def avx2(tmp_path_factory: pytest.TempPathFactory) -> Avx2Decode:
-    found, why_not = avx2_decode_here(tmp_path_factory.mktemp("kernels"))
-    if found is None:
-        pytest.skip(f"the AVX2 decode kernel is not built here: {why_not}")
-    return found
-
-
-@pytest.fixture(scope="module")
-def kernels(avx2: Avx2Decode) -> CpuDecodeKernels:
-    return CpuDecodeKernels(avx2=avx2)
+def kernels(avx2_decode: Avx2Decode) -> CpuDecodeKernels:
+    return CpuDecodeKernels(avx2=avx2_decode)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
@@ -76,7 +68,8 @@ def test_large_scores_do_not_overflow_the_softmax(kernels: CpuDecodeKernels) -> 
     torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
 
 
-def test_shapes_it_is_not_built_for_go_to_numba(avx2: Avx2Decode) -> None:
+def test_shapes_it_is_not_built_for_go_to_numba(avx2_decode: Avx2Decode) -> None:
+    avx2 = avx2_decode
     assert avx2.supports(3, 64) and avx2.supports(8, 128) and avx2.supports(1, 8)
     assert not avx2.supports(9, 64) and not avx2.supports(2, 48) and not avx2.supports(0, 64)
     b = build_paged_batch([1], [5], 9, 1, 16, 4, torch.float32, "cpu")  # group 9: numba
