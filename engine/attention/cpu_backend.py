@@ -124,7 +124,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._native_cache_dir = native_cache_dir
         self._native: NativeKernels | None = None  # set by prepare() when they run here
         self._native_prefill = False
-        # bfloat16 dot products in the native kernels (raced by prepare() where they exist)
+        # dot products in the native kernels (raced by prepare() where they exist):
+        # bfloat16 ones over a bfloat16 cache, decode's VNNI integer ones over an int8 one
         self._decode_products = False
         self._extend_products = False
         self._extend_amx = False  # bf16 / int8-cache prefill on the AMX tiles (raced too)
@@ -158,7 +159,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def bf16_products(self) -> tuple[bool, bool]:
         """Whether decode and prefill over a bfloat16 cache run on the native kernels'
         bfloat16 dot products (decided by prepare(): where the library has them and
-        they measured faster here than float32 products)."""
+        they measured faster here than float32 products); over an int8 cache, the first
+        says whether decode runs on VNNI integer products (raced the same way)."""
         return self._decode_products, self._extend_products
 
     @property
@@ -211,6 +213,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if k_cache.dtype == torch.bfloat16 and self._native.bf16_products:
             self._decode_products = decode_products_win(self._native, num_heads, k_cache)
             self._extend_products = extend_products_win(self._native, num_heads, k_cache)
+        if int8 and self._native.int8_products and head_dim % 32 == 0:
+            self._decode_products = decode_products_win(self._native, num_heads, k_cache)
         if (self._native.extend_amx and k_cache.dtype in AMX_CACHES
                 and head_dim in AMX_HEAD_DIMS):  # fmt: skip
             self._extend_amx = extend_amx_wins(self._native, num_heads, k_cache,
@@ -223,7 +227,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self._native_prefill = self._want_native_prefill
         if not self._native_prefill:
             self._native_max_q = self._short_native_limit(num_heads, k_cache)
-        log.info("cpu attention: native decode kernels; prefill in %s; bfloat16 dot "
+        log.info("cpu attention: native decode kernels; prefill in %s; dot "
                  "products: decode %s, prefill %s; prefill on AMX tiles: %s",
                  "the native kernel" if self._native_prefill else
                  f"torch (chunks of up to {self._native_max_q} queries natively)",
@@ -351,7 +355,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return
         if self._native is not None:  # q read and out written in place, either dtype
             native_decode_rows(self._native, step.rows, q, k_cache, v_cache, scale, out,
-                               bf16_products=self._decode_products)  # fmt: skip
+                               bf16_products=self._decode_products,
+                               int8_products=self._decode_products)  # fmt: skip
             return
         if q.dtype == torch.float32:  # numba: float32 in place
             decode_rows_attention(step.rows, q.contiguous(), k_cache, v_cache, scale, out,

@@ -62,13 +62,19 @@ def random_caches(
 
 
 def decode_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Tensor) -> bool:
-    """Race decode over a bfloat16 cache on bfloat16 dot products against float32
-    products (DECODE_PRODUCTS_PROBE rows of the model's shape)."""
-    block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
+    """Race decode over the model's cache on dot products (bfloat16 ones over a bfloat16
+    cache, VNNI integer ones over an int8 cache) against float32 products
+    (DECODE_PRODUCTS_PROBE rows of the model's shape)."""
+    _, block_size, num_kv_heads = k_cache.shape[:3]
+    head_dim = head_dim_of(k_cache)
     rows, context = DECODE_PRODUCTS_PROBE
     per_row = -(-context // block_size)
     gen = torch.Generator().manual_seed(0)
-    kc, vc = random_caches(rows * per_row, k_cache, torch.bfloat16, gen)
+    int8 = k_cache.dtype == torch.int8
+    like = torch.empty((0, block_size, num_kv_heads, head_dim))
+    kc, vc = random_caches(rows * per_row, like, torch.bfloat16, gen)
+    if int8:
+        kc, vc = quantize_rows(kc), quantize_rows(vc)
     q = torch.randn((rows, num_heads, head_dim), generator=gen).to(torch.bfloat16)
     out = torch.empty_like(q)
     tables = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
@@ -76,8 +82,10 @@ def decode_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Te
     plan = plan_decode_rows(rows, num_heads, rows * per_row, block_size, tables,
                             torch.full((rows,), context, dtype=torch.int32), index, index,
                             scratch=False)  # fmt: skip
-    return _products_win("decode bfloat16-products", lambda products: native_decode_rows(
-        native, plan, q, kc, vc, 0.125, out, bf16_products=products))  # fmt: skip
+    return _products_win(f"decode {'int8' if int8 else 'bfloat16'}-products",
+                         lambda products: native_decode_rows(
+        native, plan, q, kc, vc, 0.125, out, bf16_products=products,
+        int8_products=products))  # fmt: skip
 
 
 def extend_products_win(native: NativeKernels, num_heads: int, k_cache: torch.Tensor) -> bool:

@@ -136,6 +136,12 @@ class NativeKernels:
         return self.library.bf16_products
 
     @property
+    def int8_products(self) -> bool:
+        """Whether decode over an int8 cache can run on integer dot products here
+        (AVX512-VNNI: :func:`native_decode_rows`'s ``int8_products``)."""
+        return self.library.int8_products
+
+    @property
     def extend_amx(self) -> bool:
         """Whether prefill over a bfloat16 or int8 cache can run on the AMX tiles here
         (:func:`native_extend`'s ``amx``; head_dim 32 or 64)."""
@@ -188,6 +194,7 @@ def native_decode_rows(
     out: torch.Tensor,
     num_threads: int | None = None,
     bf16_products: bool = True,
+    int8_products: bool = True,
 ) -> None:
     """Decode attention of the planned rows (``plan_decode_rows``: their indices were
     checked there) of ``q`` into the same rows of ``out`` (float32 or bfloat16 each, read
@@ -196,7 +203,11 @@ def native_decode_rows(
     ``bf16_products``: over a bfloat16 cache, a row whose query holds bfloat16 values runs
     on AVX512-BF16 dot products where the library has them, as :func:`native_extend`'s
     items do (products exact, sums in float32, probabilities rounded to bfloat16 for
-    P.V); False: float32 products only."""
+    P.V); False: float32 products only. ``int8_products``: over an int8 cache, rows run on
+    AVX512-VNNI integer dot products where the library has them
+    (:attr:`NativeKernels.int8_products`: the query and each tile's P x V-scale
+    quantized to int16, products and sums exact in int32; outputs within ~1e-4 of the
+    float32 path's); False: the float32 path (values dequantized as read)."""
     check_io(q, out)
     check_planned(rows, q, k_cache, v_cache, out, native=True)
     head_dim, group = _check_layout(q, k_cache)
@@ -208,7 +219,8 @@ def native_decode_rows(
         head_dim, group, *_io(q), _ptr(k), _ptr(v), _ptr(tables), tables.shape[1],
         _ptr(rows.seq_lens), _ptr(rows.q_rows), _ptr(rows.seq_ids), rows.num_rows,
         k_cache.shape[1], k_cache.shape[2], float(scale), *_io(out),
-        openmp_threads(num_threads), int(bf16_products),
+        openmp_threads(num_threads),
+        int(int8_products if k_cache.dtype == torch.int8 else bf16_products),
     )  # fmt: skip
     if bad:
         raise RuntimeError("native decode kernel refused its arguments")

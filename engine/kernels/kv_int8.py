@@ -11,7 +11,8 @@ Quantization, per row: ``amax = max |x|``, ``scale = amax / 127``,
 ``q = round_half_even(x * (127 / amax))`` (0 for an all-zero row), all in float32.
 The native writer (``cpu_fused.cpp``'s ``rope_kv_int8``) computes the same operations,
 so :func:`quantize_rows` is its bit-exact reference; the native attention kernels
-(``cpu_attention.cpp``) dequantize as they read.
+(``cpu_attention.cpp``) dequantize as they read, or, in decode on AVX512-VNNI CPUs,
+multiply the int8 values as integers and apply the scales to the sums.
 """
 
 from __future__ import annotations

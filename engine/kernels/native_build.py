@@ -99,6 +99,7 @@ class NativeLibrary:
     extend_int8: Callable[..., int]
     bf16_products: bool  # built with the bfloat16 dot-product paths (AVX512-BF16)
     extend_amx: bool = False  # prefill may run on the AMX tiles (built and granted)
+    int8_products: bool = False  # decode over an int8 cache on VNNI integer products
 
 
 def _key(cxx: str, source: Path, flags: tuple[str, ...]) -> str:
@@ -205,4 +206,5 @@ def load(cache_dir: Path) -> NativeLibrary:
         _entry(lib, "kvt_extend_items_int8", extend=True),
         bool(lib.kvt_bf16_products()),
         bool(lib.kvt_extend_amx()),  # asks the kernel for the tiles once
+        bool(lib.kvt_int8_products()),
     )

@@ -244,3 +244,58 @@ def test_the_amx_race_decides_whether_prefill_runs_on_the_tiles(
     )  # fmt: skip
     backend.forward(torch.randn(20, 9, 64).to(torch.bfloat16), cache, cache.clone(), meta, 0.125)
     assert calls == [tiles_win]
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_over_an_int8_cache_the_decode_race_picks_integer_products(
+    monkeypatch: pytest.MonkeyPatch, decode: bool
+) -> None:
+    """Over an int8 cache whose head_dim is whole 32-value slices, where the library has
+    the VNNI integer decode path, the decode race runs (the prefill products race does
+    not: it is for bfloat16 caches) and its winner is what every decode launch asks for;
+    without that path there is no race and decode runs in float32."""
+    asked: list[str] = []
+    _stub_products(monkeypatch, decode, True, asked)
+    seen: list[bool] = []
+    real_decode = cpu_backend.native_decode_rows
+
+    def spy_decode(*args: object, int8_products: bool = True, **kw: object) -> None:
+        seen.append(int8_products)
+        real_decode(*args, int8_products=int8_products, **kw)  # type: ignore[arg-type]
+
+    head_dim = 32
+    cache = torch.zeros(8, BS, HKV, head_dim + 4, dtype=torch.int8)
+    backend = CpuAttentionBackend()
+    backend.prepare(H, cache)
+    assert backend.native is not None
+    if not backend.native.int8_products:  # no AVX512-VNNI here: nothing to race
+        assert asked == [] and backend.bf16_products == (False, False)
+        return
+    assert asked == ["decode"] and backend.bf16_products == (decode, False)
+    monkeypatch.setattr(cpu_backend, "native_decode_rows", spy_decode)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+        seq_lens=torch.tensor((5, 3), dtype=torch.int32),
+        block_tables=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
+        slot_mapping=torch.zeros(2, dtype=torch.int64),
+        max_query_len=1, max_seq_len=5, query_lens_cpu=(1, 1), seq_lens_cpu=(5, 3),
+    )  # fmt: skip
+    backend.forward(torch.randn(2, H, head_dim), cache, cache.clone(), meta, 0.25)
+    assert seen == [decode]
+
+
+def test_the_int8_decode_race_runs_both_paths_on_the_models_shape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unstubbed, over an int8 cache of SmolLM2's shape: the decode race times both
+    paths and the backend says which won."""
+    backend = CpuAttentionBackend()
+    with caplog.at_level("INFO", logger="engine.attention"):
+        backend.prepare(9, torch.zeros(8, 16, 3, 64 + 4, dtype=torch.int8))
+    assert backend.native is not None
+    probes = [r.getMessage() for r in caplog.records if "int8-products probe" in r.getMessage()]
+    if not backend.native.int8_products:
+        assert probes == [] and backend.bf16_products == (False, False)
+        return
+    assert len(probes) == 1 and "products" in probes[0] and "float32" in probes[0]
+    assert f"decode {backend.bf16_products[0]}, prefill False" in caplog.text

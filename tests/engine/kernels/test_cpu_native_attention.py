@@ -75,14 +75,15 @@ def _caches(
 
 
 def _decode(native: NativeKernels, batch: PagedBatch, k: torch.Tensor, v: torch.Tensor,
-            threads: int | None = None, bf16_products: bool = True) -> torch.Tensor:  # fmt: skip
+            threads: int | None = None, bf16_products: bool = True,
+            int8_products: bool = False) -> torch.Tensor:  # fmt: skip
     n = batch.q.shape[0]
     rows = plan_decode_rows(n, batch.q.shape[1], k.shape[0], k.shape[1], batch.block_tables,
                             batch.seq_lens, torch.arange(n), torch.arange(n),
                             scratch=False)  # fmt: skip
     out = torch.full_like(batch.q, float("nan"))
     native_decode_rows(native, rows, batch.q, k, v, batch.q.shape[2] ** -0.5, out, threads,
-                       bf16_products=bf16_products)  # fmt: skip
+                       bf16_products=bf16_products, int8_products=int8_products)  # fmt: skip
     return out
 
 
@@ -317,6 +318,60 @@ def test_bf16_decode_products_are_taken_only_for_bf16_queries(native: NativeKern
     assert torch.equal(fast, exact) is not native.bf16_products
     float_q = _decode(native, batch, k, v, bf16_products=True)
     assert torch.equal(float_q, _decode(native, batch, k, v, bf16_products=False))
+
+
+@pytest.mark.parametrize("seq_lens, num_heads, num_kv_heads, head_dim, block_size", DECODE_CASES)
+def test_int8_decode_rows_on_integer_products_match_reference(
+    native: NativeKernels,
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    """Over an int8 cache, decode rows on VNNI integer products (the query and each
+    tile's P x V-scale quantized to int16, products and tile sums exact in int32) stay
+    within float32 tolerances of the reference over the dequantized values, as the
+    float32 path does; a bfloat16 model's rows (bfloat16 q and out) too."""
+    batch = build_paged_batch(
+        [1] * len(seq_lens), seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+        torch.float32, "cpu", seed=11,
+    )  # fmt: skip
+    k, v, k_ref, v_ref = _caches(batch, torch.int8)
+    ref = reference_paged_decode(batch.q, k_ref, v_ref, batch.block_tables,
+                                 batch.seq_lens, head_dim**-0.5)  # fmt: skip
+    for products in (True, False):
+        out = _decode(native, batch, k, v, int8_products=products)
+        torch.testing.assert_close(out, ref, **TOLERANCES[torch.float32])
+    bf16 = _bf16_queries(batch)
+    ref16 = reference_paged_decode(bf16.q, k_ref, v_ref, batch.block_tables,
+                                   batch.seq_lens, head_dim**-0.5)  # fmt: skip
+    n = bf16.q.shape[0]
+    rows = plan_decode_rows(n, num_heads, k.shape[0], block_size, batch.block_tables,
+                            batch.seq_lens, torch.arange(n), torch.arange(n),
+                            scratch=False)  # fmt: skip
+    q16, out16 = bf16.q.to(torch.bfloat16), torch.empty(bf16.q.shape, dtype=torch.bfloat16)
+    native_decode_rows(native, rows, q16, k, v, head_dim**-0.5, out16, int8_products=True)
+    torch.testing.assert_close(out16.float(), ref16, **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("head_dim", [64, 16])
+def test_int8_decode_products_are_taken_where_the_library_has_them(
+    native: NativeKernels, head_dim: int
+) -> None:
+    """Asked for integer products, decode over an int8 cache takes them where the
+    library was built with AVX512-VNNI and the head_dim is whole 32-value slices (the
+    sums are not the float32 path's, bit for bit); elsewhere it runs the float32 path.
+    A bfloat16 cache ignores the flag."""
+    batch = build_paged_batch([1, 1], [300, 77], 9, 3, head_dim, 16, torch.float32, "cpu",
+                              seed=12)  # fmt: skip
+    k, v, _, _ = _caches(batch, torch.int8)
+    fast = _decode(native, batch, k, v, int8_products=True)
+    exact = _decode(native, batch, k, v, int8_products=False)
+    assert torch.equal(fast, exact) is not (native.int8_products and head_dim % 32 == 0)
+    k16, v16, _, _ = _caches(batch, torch.bfloat16)
+    assert torch.equal(_decode(native, batch, k16, v16, bf16_products=False, int8_products=True),
+                       _decode(native, batch, k16, v16, bf16_products=False))
 
 
 def _in_a_wider_row(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
