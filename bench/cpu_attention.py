@@ -15,7 +15,9 @@ model's dtype, as a model's do). Prefill: one chunk per shape (query rows after 
 tokens; the queries as in decode), native vs the torch backend's path
 (gather the context's blocks, then ``scaled_dot_product_attention`` with GQA and a
 causal or shifted mask), and in bfloat16, where the CPU has AVX512-BF16, the native
-kernel with bfloat16 dot products (its default) vs float32 products only. Best of
+kernel with bfloat16 dot products (its default) vs float32 products only. Decode over
+int8 caches (the same tables): the native kernel on VNNI integer products, where the
+CPU has AVX512-VNNI, vs its float32 path. Best of
 several runs each, interleaved; prints one JSON object with times, GFLOP/s (causal
 FLOPs: 4 x head_dim per visible query-key pair per head) and the speed-ups.
 """
@@ -44,6 +46,7 @@ from engine.kernels.cpu_native_attention import (
     native_extend,
     plan_extend,
 )
+from engine.kernels.kv_int8 import quantize_rows, row_width
 from engine.timing import interleaved_best
 
 H, HKV, D, BLOCK, LAYERS = 9, 3, 64, 16, 30
@@ -55,7 +58,9 @@ def scattered_table(blocks: int, pool: int, rng: random.Random) -> torch.Tensor:
     return torch.tensor(rng.sample(range(pool), blocks), dtype=torch.int32)
 
 
-def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
+def decode_tables() -> tuple[list[int], int, torch.Tensor]:
+    """The decode bench's 64 context lengths, the pool's block count and the rows' block
+    tables (blocks scattered over the pool)."""
     rng = random.Random(0)
     lens = [rng.randint(32, 512) + rng.randint(0, 144) for _ in range(64)]
     blocks = [-(-n // BLOCK) for n in lens]
@@ -66,6 +71,11 @@ def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
     for i, n in enumerate(blocks):
         tables[i, :n] = torch.tensor(order[used : used + n], dtype=torch.int32)
         used += n
+    return lens, pool, tables
+
+
+def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
+    lens, pool, tables = decode_tables()
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     gen = torch.Generator().manual_seed(0)
     caches = [(torch.randn((pool, BLOCK, HKV, D), generator=gen).to(dtype),
@@ -106,6 +116,42 @@ def decode(dtype: torch.dtype, runs: int) -> dict[str, Any]:
         "native_speedup": round(best["numba"] / best["native"], 2),
         **({"bf16_products_speedup": round(best["native_f32_products"] / best["native"], 2)}
            if "native_f32_products" in best else {}),
+    }  # fmt: skip
+
+
+def decode_int8(runs: int) -> dict[str, Any]:
+    """Decode over int8 caches (rows quantized from random normal ones, with their
+    scales) of the same shape and tables as :func:`decode`, a bfloat16 model's queries:
+    the native kernel on VNNI integer products (where the library has them) vs its
+    float32 path."""
+    lens, pool, tables = decode_tables()
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    caches = [(quantize_rows(torch.randn((pool, BLOCK, HKV, D), generator=gen)),
+               quantize_rows(torch.randn((pool, BLOCK, HKV, D), generator=gen)))
+              for _ in range(LAYERS)]  # fmt: skip
+    q = torch.randn((len(lens), H, D), generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    rows_idx = torch.arange(len(lens))
+    bare = plan_decode_rows(len(lens), H, pool, BLOCK, tables, seq_lens, rows_idx, rows_idx,
+                            scratch=False)  # fmt: skip
+    native = load_native_kernels(native_build.default_cache_dir())
+
+    def run(products: bool) -> None:
+        for k, v in caches:
+            native_decode_rows(native, bare, q, k, v, D**-0.5, out, int8_products=products)
+
+    fns: dict[str, Callable[[], object]] = {"native_f32": lambda: run(False)}
+    if native.int8_products:
+        fns["native_int8_products"] = lambda: run(True)
+    best = interleaved_best(fns, runs)
+    kv_bytes = 2 * sum(lens) * HKV * row_width(D) * LAYERS
+    return {
+        "rows": len(lens), "context_tokens": sum(lens), "layers": LAYERS,
+        **{f"{name}_ms": round(t * 1e3, 2) for name, t in best.items()},
+        **{f"{name}_kv_gb_per_s": round(kv_bytes / t / 1e9, 1) for name, t in best.items()},
+        **({"int8_products_speedup": round(best["native_f32"] / best["native_int8_products"], 2)}
+           if "native_int8_products" in best else {}),
     }  # fmt: skip
 
 
@@ -169,7 +215,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     print(json.dumps({
         "dtype": args.dtype, "threads": args.threads,
-        "decode": decode(dtype, args.runs), "prefill": prefill(dtype, args.runs),
+        "decode": decode(dtype, args.runs), "decode_int8_cache": decode_int8(args.runs),
+        "prefill": prefill(dtype, args.runs),
     }, indent=2))  # fmt: skip
 
 
