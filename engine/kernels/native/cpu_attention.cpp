@@ -668,9 +668,9 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
 // (vpdpwssd: pairs of int16 products summed exactly into int32), where the float32 path
 // widens every K and V value to float32 (two instructions per 16 values) and multiplies
 // in float32:
-//   - the query's heads are quantized to int16 per head (scale = max |q| / 32767: an
-//     error of at most 1.5e-5 of the largest value, far below the bfloat16 rounding the
-//     model's q already carries, quantized once per row); Q.K of a key is a chain of
+//   - the query's heads are quantized to int16 once per row, per head (scale = max |q| /
+//     32767: an error of at most 1.5e-5 of the largest value, far below the bfloat16
+//     rounding the model's q already carries); Q.K of a key is a chain of
 //     D/32 vpdpwssd over the key's int8 values sign-extended to int16 (one instruction
 //     per 32), reduced by tile_tree in int32 (exact: |sum| <= 128 x 127 x 32767 < 2^31),
 //     then widened and multiplied by q's scale, the key row's scale and the softmax
@@ -682,8 +682,8 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
 //     that scale.
 // The running max, normaliser and outputs stay float32; outputs within ~1e-4 of the float32
 // path's. SmolLM2's shape, 64 rows over 24,723 context tokens x 30 layers, 2 threads of a
-// Zen 4 EPYC, against decode_row in the same run: from DRAM 15.9-16.0 vs 18.5-18.8 ms
-// (1.16-1.19x), one layer's caches 30 times (L3-resident) 1.21x; in the engine's
+// Zen 4 EPYC, against decode_row in the same run: from DRAM 16.9 vs 19.9 ms (1.17x,
+// bench/cpu_attention.py), one layer's caches 30 times (L3-resident) 1.21x; in the engine's
 // 64-request run (int8 linears and KV) decode attention 2.43-2.63 vs 2.64-2.79 s. Still
 // compute-bound (the float32 path's tree and softmax remain): 19 GB/s of the ~30 that
 // scattered 6 KiB K/V blocks stream at here.
