@@ -406,6 +406,24 @@ inline void extend_rows(RowState<C>* state, const __m512* const* q, const int* s
         for (int c = 0; c < C; c++) state[r].acc[c] = acc[r][c];
 }
 
+// Store ``heads`` softmax rows whose outputs were summed on unpacked pairs of tokens
+// (unpacklo/hi_epi16 of two tokens' rows: decode_row_bf16, decode_row_i8), undoing the
+// unpack's order first: in 128-bit lane L, vector 2w holds dims 32w + 8L .. + 3 and
+// vector 2w + 1 dims 32w + 8L + 4 .. + 7.
+template <int C>
+inline void store_unpacked(RowState<C>* state, int heads, const Io& io, int64_t t) {
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int h = 0; h < heads; h++) {
+        for (int w = 0; w < C / 2; w++) {
+            const __m512 a = state[h].acc[2 * w], b = state[h].acc[2 * w + 1];
+            state[h].acc[2 * w] = _mm512_permutex2var_ps(a, first, b);
+            state[h].acc[2 * w + 1] = _mm512_permutex2var_ps(a, second, b);
+        }
+        state[h].store(io, t, h * 16 * C);
+    }
+}
+
 #ifdef __AVX512BF16__
 // Whether query rows [a, b) of KV head ``kvh``'s G heads are bfloat16 values (a bfloat16 q,
 // or float32 ones whose low 16 bits are all zero): then their products with bfloat16 keys
@@ -648,18 +666,7 @@ void decode_row_bf16(const Io& io, int64_t t, const uint16_t* k_cache, const uin
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < C; c++) st[g].acc[c] = acc[g][c];
         });
-    // Undo the unpack's order: in 128-bit lane L, vector 2w holds dims 32w + 8L .. + 3 and
-    // vector 2w + 1 dims 32w + 8L + 4 .. + 7.
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    for (int h = 0; h < num_kv_heads * G; h++) {
-        for (int w = 0; w < W; w++) {
-            const __m512 a = state[h].acc[2 * w], b = state[h].acc[2 * w + 1];
-            state[h].acc[2 * w] = _mm512_permutex2var_ps(a, first, b);
-            state[h].acc[2 * w + 1] = _mm512_permutex2var_ps(a, second, b);
-        }
-        state[h].store(io, t, h * D);
-    }
+    store_unpacked<C>(state, num_kv_heads * G, io, t);
 }
 #endif
 
@@ -798,17 +805,7 @@ void decode_row_i8(const Io& io, int64_t t, const int8_t* k_cache, const int8_t*
                     st[g].acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[g][c]), ws, st[g].acc[c]);
             }
         });
-    // Undo the unpack's order (as decode_row_bf16 does).
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    for (int h = 0; h < num_kv_heads * G; h++) {
-        for (int w = 0; w < W; w++) {
-            const __m512 a = state[h].acc[2 * w], b = state[h].acc[2 * w + 1];
-            state[h].acc[2 * w] = _mm512_permutex2var_ps(a, first, b);
-            state[h].acc[2 * w + 1] = _mm512_permutex2var_ps(a, second, b);
-        }
-        state[h].store(io, t, h * D);
-    }
+    store_unpacked<C>(state, num_kv_heads * G, io, t);
 }
 #endif
 

@@ -346,12 +346,8 @@ def test_int8_decode_rows_on_integer_products_match_reference(
     bf16 = _bf16_queries(batch)
     ref16 = reference_paged_decode(bf16.q, k_ref, v_ref, batch.block_tables,
                                    batch.seq_lens, head_dim**-0.5)  # fmt: skip
-    n = bf16.q.shape[0]
-    rows = plan_decode_rows(n, num_heads, k.shape[0], block_size, batch.block_tables,
-                            batch.seq_lens, torch.arange(n), torch.arange(n),
-                            scratch=False)  # fmt: skip
-    q16, out16 = bf16.q.to(torch.bfloat16), torch.empty(bf16.q.shape, dtype=torch.bfloat16)
-    native_decode_rows(native, rows, q16, k, v, head_dim**-0.5, out16, int8_products=True)
+    q16 = dataclasses.replace(bf16, q=bf16.q.to(torch.bfloat16))  # out follows q's dtype
+    out16 = _decode(native, q16, k, v, int8_products=True)
     torch.testing.assert_close(out16.float(), ref16, **TOLERANCES[torch.bfloat16])
 
 
