@@ -151,7 +151,13 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # nn.Embedding's own init, except on the meta device (a checkpoint's skeleton,
+        # engine.factory): normal_ on a meta tensor runs torch's Python reference, whose
+        # first call imports torch._dynamo, 2-3 s of every worker's start for nothing.
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if not weight.is_meta:
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
