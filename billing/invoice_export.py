@@ -13,14 +13,17 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
-from fpdf import FPDF
 from sqlalchemy.orm import Session
 
 from billing.invoices import get_invoice
 from billing.models import Invoice, Tenant
 from billing.money import exact_usd as exact_usd  # re-exported: it lived here first
 from billing.money import price_per_1m_usd
+
+if TYPE_CHECKING:
+    from fpdf import FPDF
 
 KIND_LABELS = {
     "uncached_input": "Input tokens (uncached)",
@@ -207,6 +210,8 @@ def _pdf_table(pdf: FPDF, doc: InvoiceDocument) -> None:
 
 def to_pdf(doc: InvoiceDocument) -> bytes:
     """A one-page (or more) A4 invoice with lines, total, list price and savings."""
+    from fpdf import FPDF  # here, not at the top: 0.5 s of every gateway's start otherwise
+
     pdf = FPDF(format="A4")
     pdf.set_title(f"kvtoll invoice {doc.invoice_id}")
     pdf.add_page()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -150,6 +152,18 @@ def test_exports_show_the_exact_total(
     if text is None:
         pytest.skip("pdftotext (poppler-utils) is not installed")
     assert f"Total due (USD): {total}" in text and "acme" in text
+
+
+def test_the_pdf_library_loads_only_when_a_pdf_is_made() -> None:
+    """Every gateway imports billing.invoice_export (the dashboard's labels): fpdf's 0.5 s
+    import waits for the first PDF."""
+    code = ("import sys, billing.invoice_export, web.app\n"
+            "print('FPDF' if 'fpdf' in sys.modules else 'NO-FPDF')")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["NO-FPDF"]
 
 
 def test_cli_generate_export_and_one_line_errors(
