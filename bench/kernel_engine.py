@@ -35,7 +35,7 @@ class EnginePlan:
     smoke: bool  # tiny random model in float32 (CPU check of the script)
     device: str
     block_size: int
-    kv_cache_gib: int
+    kv_cache_gib: float
     max_num_seqs: int
     max_num_batched_tokens: int
     num_requests: int
@@ -90,7 +90,8 @@ def bench_engine(backend: str, plan: EnginePlan, cuda_graphs: bool = False) -> d
     config = EngineConfig(
         model=TINY_MODEL if plan.smoke else plan.model,
         dtype="float32" if plan.smoke else "bfloat16",
-        device=plan.device, block_size=plan.block_size, kv_cache_bytes=plan.kv_cache_gib << 30,
+        device=plan.device, block_size=plan.block_size,
+        kv_cache_bytes=int(plan.kv_cache_gib * 2**30),
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
         max_model_len=2 * plan.max_len, attention_backend=backend, cuda_graphs=cuda_graphs,
     )  # fmt: skip

@@ -220,7 +220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine-requests", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--kv-cache-gib", type=int, default=16)
+    p.add_argument("--kv-cache-gib", type=float, default=16.0)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--smoke", action="store_true",
@@ -232,7 +232,8 @@ def smoke_overrides(args: argparse.Namespace) -> tuple[BenchConfig, dict[str, An
     """Tiny everything; the interpreter must be on before engine.kernels is imported."""
     os.environ["TRITON_INTERPRET"] = "1"
     args.engine_requests, args.min_len, args.max_len = 2, 3, 5
-    args.kv_cache_gib, args.max_num_batched_tokens, args.max_num_seqs = 1, 64, 4
+    # 16 MiB of KV: a 1 GiB cache took the smoke's three engines ~4 s of zeroing alone
+    args.kv_cache_gib, args.max_num_batched_tokens, args.max_num_seqs = 1 / 64, 64, 4
     cfg = BenchConfig(4, 2, 64, args.block_size, torch.float32, "cpu", smoke=True)
     plan = {"decode": [(2, 40)], "prefill": [(2, 20, 12)],
             "sweep_decode": [(2, 40)], "decode_variants": [(16, 4, 2), (32, 2, 3)],

@@ -72,9 +72,10 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[tuple[str, subprocess.Pope
         workers = []
         for i in range(3):
             port = free_port()
-            proc = _start(
-                ["worker", "--model", MODEL, "--port", str(port)], env, tmp_path / f"worker{i}.log"
-            )
+            # 16 MiB of KV (32,768 tokens), not the 1 GiB default: zeroing that took each
+            # worker up to 2 s of CPU at start
+            args = ["worker", "--model", MODEL, "--port", str(port), "--kv-cache-mb", "16"]
+            proc = _start(args, env, tmp_path / f"worker{i}.log")
             procs.append(proc)
             workers.append((f"http://127.0.0.1:{port}", proc))
         for url, proc in workers:
