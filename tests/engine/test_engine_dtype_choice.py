@@ -104,20 +104,10 @@ def test_the_bf16_probe_is_measured_once_per_machine_and_read_back(tmp_path: Pat
 def test_concurrent_starts_share_one_probe(tmp_path: Path) -> None:
     import multiprocessing
 
+    from tests.engine.dtype_probe_child import probe_in_child
+
     path = tmp_path / "probe.json"
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
-        speedups = pool.starmap(_probe_in_child, [(str(path), i) for i in range(8)])
+        speedups = pool.starmap(probe_in_child, [(str(path), i) for i in range(8)])
     assert len(set(speedups)) == 1
-
-
-def _probe_in_child(path: str, i: int) -> float:
-    import time
-
-    from engine import dtype_probe
-
-    def measure() -> float:
-        time.sleep(0.05)  # a probe takes a while: others must wait, not measure too
-        return 1.0 + i / 100
-
-    return dtype_probe.persisted_speedup("k", measure, Path(path)).bf16_speedup
