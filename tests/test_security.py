@@ -310,16 +310,17 @@ def _refusals(text: str) -> int:
     return len(re.findall(r"WARNING (?:\S+ )?refused ", text))
 
 
-def _settled_count(factory: sessionmaker[Session]) -> int:
-    """The ledger's row count once earlier tests' rows have drained (the outbox writes
-    them about 0.2 s after each response): two equal readings 0.6 s apart."""
-    count = ledger_count(factory)
-    while True:
-        time.sleep(0.6)
-        again = ledger_count(factory)
-        if again == count:
-            return count
-        count = again
+def _settled_count(factory: sessionmaker[Session], gateway: str) -> int:
+    """The ledger's row count once ``gateway``'s outbox holds nothing (earlier tests'
+    rows drained). A quiet spell of the count did not tell: a gateway's first batch also
+    starts its ledger writer process, which on a loaded CI machine took longer than the
+    0.6 s this once waited for two equal readings."""
+    def drained() -> bool:
+        body = httpx.get(gateway + "/readyz", timeout=10).json()
+        return body["outbox_depth"] == 0
+
+    wait_until(drained, f"{gateway}'s outbox to drain", 60)
+    return ledger_count(factory)
 
 
 # ------------------------------------------------------------------ 2. the workers
@@ -332,7 +333,7 @@ def test_workers_refuse_callers_without_the_token(stack: Stack, who: str) -> Non
     verify: object = str(stack.ca) if url.startswith("https") else True
     log = stack.procs[who]
     before_lines = _refusals(log.text())
-    billed = _settled_count(stack.g_db), _settled_count(stack.d_db)
+    billed = _settled_count(stack.g_db, stack.gateway), _settled_count(stack.d_db, stack.dev)
     salt = derive_tenant_salt(b"a guessed or leaked secret", stack.g_tenants.tenant_a).hex()
     probe = {"model": MODEL, "max_tokens": 2, "cache_salt": salt,
              "messages": [{"role": "system", "content": SYSTEM},
