@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import engine.attention.cpu_backend as cpu_backend
-from engine.attention.base import AttentionMetadata
 from engine.attention.cpu_backend import (
     PREFILL_PROBE,
     SHORT_PREFILL_PROBES,
@@ -20,6 +19,7 @@ from engine.attention.cpu_backend import (
     CpuAttentionBackend,
 )
 from engine.kernels import native_build
+from tests.engine.attention.metadata import metadata
 
 H, HKV, D, BS = 4, 2, 16, 4
 
@@ -109,15 +109,8 @@ def test_chunks_up_to_the_limit_run_natively_the_rest_in_torch(
     cache = torch.zeros(8, BS, HKV, D, dtype=torch.bfloat16)
     backend.prepare(H, cache)
     monkeypatch.setattr(cpu_backend, "native_extend", spied)
-    shapes = [(0, 7), (2, 6), (1, 1)]  # (cached, new): a long chunk, a short one, a decode
-    qlens, slens = tuple(n for _, n in shapes), tuple(c + n for c, n in shapes)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 7, 13, 14], dtype=torch.int32),
-        seq_lens=torch.tensor(slens, dtype=torch.int32),
-        block_tables=torch.tensor([[0, 1], [2, 3], [4, 0]], dtype=torch.int32),
-        slot_mapping=torch.zeros(14, dtype=torch.int64),
-        max_query_len=7, max_seq_len=8, query_lens_cpu=qlens, seq_lens_cpu=slens,
-    )  # fmt: skip
+    # (cached, new): a long chunk, a short one, a decode
+    meta = metadata([(0, 7), (2, 6), (1, 1)], [[0, 1], [2, 3], [4]])
     q = torch.randn(14, H, D).to(torch.bfloat16)
     backend.forward(q, cache, cache.clone(), meta, D**-0.5)
     assert calls == [6]
@@ -171,13 +164,7 @@ def test_the_products_race_decides_what_the_kernels_are_asked(
     assert backend.bf16_products == (decode, extend) and asked == ["decode", "extend"]
     monkeypatch.setattr(cpu_backend, "native_decode_rows", spy_decode)
     monkeypatch.setattr(cpu_backend, "native_extend", spy_extend)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 5, 6], dtype=torch.int32),
-        seq_lens=torch.tensor((5, 3), dtype=torch.int32),
-        block_tables=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
-        slot_mapping=torch.zeros(6, dtype=torch.int64),
-        max_query_len=5, max_seq_len=5, query_lens_cpu=(5, 1), seq_lens_cpu=(5, 3),
-    )  # fmt: skip
+    meta = metadata([(0, 5), (2, 1)], [[0, 1], [2]])  # a prefill chunk and a decode
     backend.forward(torch.randn(6, H, D).to(torch.bfloat16), cache, cache.clone(), meta, 0.25)
     assert sorted(calls) == [("decode", decode), ("extend", extend)]
 
@@ -235,13 +222,7 @@ def test_the_amx_race_decides_whether_prefill_runs_on_the_tiles(
         real_extend(*args, amx=amx, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(cpu_backend, "native_extend", spy_extend)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 20], dtype=torch.int32),
-        seq_lens=torch.tensor((20,), dtype=torch.int32),
-        block_tables=torch.tensor([[0, 1]], dtype=torch.int32),
-        slot_mapping=torch.zeros(20, dtype=torch.int64),
-        max_query_len=20, max_seq_len=20, query_lens_cpu=(20,), seq_lens_cpu=(20,),
-    )  # fmt: skip
+    meta = metadata([(0, 20)], [[0, 1]])
     backend.forward(torch.randn(20, 9, 64).to(torch.bfloat16), cache, cache.clone(), meta, 0.125)
     assert calls == [tiles_win]
 
@@ -273,13 +254,7 @@ def test_over_an_int8_cache_the_decode_race_picks_integer_products(
         return
     assert asked == ["decode"] and backend.bf16_products == (decode, False)
     monkeypatch.setattr(cpu_backend, "native_decode_rows", spy_decode)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
-        seq_lens=torch.tensor((5, 3), dtype=torch.int32),
-        block_tables=torch.tensor([[0, 1], [2, 0]], dtype=torch.int32),
-        slot_mapping=torch.zeros(2, dtype=torch.int64),
-        max_query_len=1, max_seq_len=5, query_lens_cpu=(1, 1), seq_lens_cpu=(5, 3),
-    )  # fmt: skip
+    meta = metadata([(4, 1), (2, 1)], [[0, 1], [2]])  # two decode rows
     backend.forward(torch.randn(2, H, head_dim), cache, cache.clone(), meta, 0.25)
     assert seen == [decode]
 

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from engine.attention.base import AttentionMetadata
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.kernels import native_build
+from tests.engine.attention.metadata import metadata
 
 H, HKV, D, BS = 4, 2, 16, 4
 
@@ -108,24 +108,8 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(
         new_k.append(k[cached:])
         new_v.append(v[cached:])
         slots.extend(table[p // BS] * BS + p % BS for p in range(cached, cached + new))
-    max_blocks = max(len(t) for t in tables)
-    qlens = tuple(n for _, n in shapes)
-    slens = tuple(c + n for c, n in shapes)
-    qsl = [0]
-    for n in qlens:
-        qsl.append(qsl[-1] + n)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-        seq_lens=torch.tensor(slens, dtype=torch.int32),
-        block_tables=torch.tensor(
-            [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
-        ),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        max_query_len=max(qlens),
-        max_seq_len=max(slens),
-        query_lens_cpu=qlens,
-        seq_lens_cpu=slens,
-    )
+    meta = metadata(shapes, tables, slots)
+    qsl = meta.query_start_loc.tolist()
     q = torch.cat(q_parts)
     backend.write_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta.slot_mapping)
     out = backend.forward(q, k_cache, v_cache, meta, D**-0.5)
@@ -155,16 +139,7 @@ def test_bfloat16_prefill_runs_sdpa_in_bf16_only_when_fused(
     monkeypatch.setattr(TorchAttentionBackend, "_prefill_sdpa", staticmethod(counted))
     backend = TorchAttentionBackend(fused_bf16_prefill=fused)
     cache = torch.zeros(4, BS, HKV, D, dtype=torch.bfloat16)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 5], dtype=torch.int32),
-        seq_lens=torch.tensor([5], dtype=torch.int32),
-        block_tables=torch.tensor([[0, 1]], dtype=torch.int32),
-        slot_mapping=torch.arange(5, dtype=torch.int64),
-        max_query_len=5,
-        max_seq_len=5,
-        query_lens_cpu=(5,),
-        seq_lens_cpu=(5,),
-    )
+    meta = metadata([(0, 5)], [[0, 1]], list(range(5)))
     q = torch.randn(5, H, D).to(torch.bfloat16)
     out = backend.forward(q, cache, cache.clone(), meta, D**-0.5)
     assert out.dtype == torch.bfloat16
@@ -202,25 +177,6 @@ def _layer(
     return torch.cat(qs), k_cache, v_cache, refs
 
 
-def _meta(shapes: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMetadata:
-    qlens = tuple(n for _, n in shapes)
-    slens = tuple(c + n for c, n in shapes)
-    width = max(len(t) for t in tables)
-    qsl = [0]
-    for n in qlens:
-        qsl.append(qsl[-1] + n)
-    return AttentionMetadata(
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-        seq_lens=torch.tensor(slens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        slot_mapping=torch.zeros(sum(qlens), dtype=torch.int64),  # K/V written above
-        max_query_len=max(qlens),
-        max_seq_len=max(slens),
-        query_lens_cpu=qlens,
-        seq_lens_cpu=slens,
-    )
-
-
 @pytest.mark.parametrize("backend_type", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_step_plan_serves_every_layer_and_the_next_step_plans_anew(
@@ -237,7 +193,7 @@ def test_a_step_plan_serves_every_layer_and_the_next_step_plans_anew(
         ([(10, 1), (3, 1), (17, 1)], [[9, 10, 11], [12], [13, 14, 15, 16, 17]]),
     ]
     for shapes, tables in steps:
-        meta = _meta(shapes, tables)
+        meta = metadata(shapes, tables)
         qsl = meta.query_start_loc.tolist()
         for seed in (1, 2):  # two layers of one step
             q, k_cache, v_cache, refs = _layer(shapes, tables, dtype, seed)
