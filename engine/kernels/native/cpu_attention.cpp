@@ -905,40 +905,40 @@ void extend_item(const Io& io, const T* k_cache, const T* v_cache, const int32_t
         state[r].store(io, a + r / group, (kvh * group + r % group) * D);
 }
 
+// run(std::integral_constant<int, group>{}) for a group size of 1..8: 0, else 1.
+template <typename Run>
+int by_group(int group, Run&& run) {
+    switch (group) {
+#define KVT_G(g) case g: run(std::integral_constant<int, g>{}); return 0;
+        KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
+#undef KVT_G
+    }
+    return 1;
+}
+
 template <typename T, int D>
 int decode_d(int group, const Io& io, int64_t t, const T* k, const T* v, const int32_t* table,
              int length, int block_size, int num_kv_heads, float scale, bool products) {
 #ifdef __AVX512BF16__
     if constexpr (std::is_same_v<T, uint16_t> && D % 32 == 0) {
-        if (products && bf16_rows(io, int(t), int(t) + 1, 0, num_kv_heads * group, D)) {
-            switch (group) {
-#define KVT_G(g) case g: decode_row_bf16<D, g>(io, t, k, v, table, length, block_size, num_kv_heads, scale); return 0;
-                KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
-#undef KVT_G
-            }
-            return 1;
-        }
+        if (products && bf16_rows(io, int(t), int(t) + 1, 0, num_kv_heads * group, D))
+            return by_group(group, [&](auto g) {
+                decode_row_bf16<D, g()>(io, t, k, v, table, length, block_size, num_kv_heads, scale);
+            });
     }
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     if constexpr (std::is_same_v<T, int8_t> && D % 32 == 0) {
-        if (products) {
-            switch (group) {
-#define KVT_G(g) case g: decode_row_i8<D, g>(io, t, k, v, table, length, block_size, num_kv_heads, scale); return 0;
-                KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
-#undef KVT_G
-            }
-            return 1;
-        }
+        if (products)
+            return by_group(group, [&](auto g) {
+                decode_row_i8<D, g()>(io, t, k, v, table, length, block_size, num_kv_heads, scale);
+            });
     }
 #endif
     (void)products;
-    switch (group) {
-#define KVT_G(g) case g: decode_row<D, g, T>(io, t, k, v, table, length, block_size, num_kv_heads, scale); return 0;
-        KVT_G(1) KVT_G(2) KVT_G(3) KVT_G(4) KVT_G(5) KVT_G(6) KVT_G(7) KVT_G(8)
-#undef KVT_G
-    }
-    return 1;
+    return by_group(group, [&](auto g) {
+        decode_row<D, g(), T>(io, t, k, v, table, length, block_size, num_kv_heads, scale);
+    });
 }
 
 template <typename T>
