@@ -14,6 +14,7 @@ from engine.factory import LoadedModel, load_model
 from engine.kernels.cpu_decode_avx2 import Avx2Decode, avx2_decode_here
 from engine.kernels.cpu_fused import FusedKernels, fused_kernels_here
 from engine.kernels.cpu_gemm import NativeGemm, NativeInt8Gemm, gemm_here, int8_gemm_here
+from engine.kernels.cpu_gemm_avx2 import Avx2Int8Gemm, avx2_int8_gemm_here
 
 _Kernel = TypeVar("_Kernel")
 
@@ -89,6 +90,14 @@ def int8_gemm() -> NativeInt8Gemm:
     """The native int8 linear kernel (engine.kernels.cpu_gemm)."""
     return _built(
         int8_gemm_here(), "no AVX512-VNNI/BF16 or no compiler here: the int8 kernel is not built"
+    )
+
+
+@pytest.fixture(scope="session")
+def avx2_int8_gemm() -> Avx2Int8Gemm:
+    """The AVX2 int8 linear kernel (engine.kernels.cpu_gemm_avx2)."""
+    return _built(
+        avx2_int8_gemm_here(), "no AVX2/FMA or no compiler here: the AVX2 int8 kernel is not built"
     )
 
 

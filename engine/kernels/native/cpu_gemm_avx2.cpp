@@ -1,0 +1,239 @@
+// Int8 linear layers on CPUs with AVX2 but no int8 dot products (engine.kernels.cpu_gemm_avx2):
+// out = x W^T for x [m, k] float32 and W [n, k] quantized per output channel to int8
+// (scale = max |w| / 127 of its row), each input row quantized to int16 with its own scale
+// inside the call, products summed exactly in int32 by vpmaddwd (16 multiply-adds an
+// instruction, FMA's 8), the sums scaled by row scale x column scale into float32.
+//
+// Why int16 inputs: without VNNI the int8 route left is vpmaddubsw (uint8 x int8, pairs
+// summed in int16), which saturates on full-range inputs; torch's fbgemm therefore cuts
+// inputs to 7 bits there, and on an AVX2-only EPYC its greedy answers shared 3 of 64 with
+// the float32 model's. int16 inputs keep ~14-15 bits of each row (1 part in 10^4 of its
+// largest value), so the weights' int8 rounding is the only coarse step.
+//
+// Exactness: a row's inputs are rounded to at most qmax = min(32767, (2^31 - 1) / (127 k))
+// in magnitude, so no int32 sum over k products of |w| <= 127 can overflow; each sum is
+// exact and independent of summation order. A row's result does not depend on the rows
+// beside it or on the thread count (batch-invariant).
+//
+// Layout: the weight is packed once into panels of V = 2 vectors of 8 columns; for each
+// pair of inputs, a vector's 8 columns' two int8 weights (16 bytes), widened to int16 as
+// they are loaded. A micro-kernel keeps R x V int32 sums in registers and per pair
+// broadcasts each row's two int16 inputs. Threads split the panels; rows pass in chunks
+// that stay in L2 while the panels stream.
+#include <immintrin.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int V = 2;         // 8-column vectors a panel holds (16 columns)
+constexpr int MR = 6;        // rows a micro-kernel keeps: 12 sums + 2 weights + 1 broadcast
+constexpr int64_t CHUNK_BYTES = 192 * 1024;  // quantized rows a pass over the panels takes
+
+#ifdef __AVX2__
+// acc + the pair sums of a x w (vpmaddwd, then vpaddd through a temporary).
+inline __m256i madd(__m256i acc, __m256i a, __m256i w) {
+    __m256i t;
+    asm("vpmaddwd %[w], %[a], %[t]\n\tvpaddd %[t], %[acc], %[acc]"
+        : [acc] "+x"(acc), [t] "=&x"(t)
+        : [a] "x"(a), [w] "x"(w));
+    return acc;
+}
+
+// x's pair of int16 broadcast, made after ``after`` (a register the compiler must have
+// computed first): GCC 12 otherwise hoists all rows' broadcasts above the products,
+// runs out of the 16 registers and keeps the sums on the stack.
+inline __m256i broadcast_after(const int16_t* x, __m256i after) {
+    __m256i a;
+    asm("vpbroadcastd %[x], %[a]" : [a] "=x"(a) : [x] "m"(*reinterpret_cast<const int32_t*>(x)), "x"(after));
+    return a;
+}
+
+// Row r's sums times row scale x column scale into out's row r (16 columns).
+template <int R>
+inline void store(const __m256i (&acc)[R][V], const float* row_scale, const float* col_scale, float* out,
+                  int64_t ldo) {
+    for (int r = 0; r < R; r++) {
+        const __m256 rs = _mm256_set1_ps(row_scale[r]);
+        for (int v = 0; v < V; v++) {
+            const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(col_scale + 8 * v), rs);
+            _mm256_storeu_ps(out + int64_t(r) * ldo + 8 * v, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), s));
+        }
+    }
+}
+
+// Rows r0 .. r0 + R - 1 (xq: their int16 inputs, k apart) against one panel.
+template <int R>
+inline void micro(const int16_t* xq, int k, const int8_t* panel, const float* row_scale,
+                  const float* col_scale, float* out, int64_t ldo) {
+    __m256i acc[R][V];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) acc[r][v] = _mm256_setzero_si256();
+    const int pairs = k / 2;
+    for (int q = 0; q < pairs; q++) {
+        __m256i w[V];
+        for (int v = 0; v < V; v++)
+            w[v] = _mm256_cvtepi8_epi16(
+                _mm_load_si128(reinterpret_cast<const __m128i*>(panel + (int64_t(q) * V + v) * 16)));
+        for (int r = 0; r < R; r++) {
+            const __m256i a = broadcast_after(xq + int64_t(r) * k + 2 * q, r ? acc[r - 1][V - 1] : w[V - 1]);
+            for (int v = 0; v < V; v++) acc[r][v] = madd(acc[r][v], a, w[v]);
+        }
+    }
+    store<R>(acc, row_scale, col_scale, out, ldo);
+}
+
+// micro<MR> with the sums in named registers: GCC 12 keeps an array of 12 sums in
+// memory (a store of each after every step), these it keeps in registers.
+inline void micro6(const int16_t* xq, int k, const int8_t* panel, const float* row_scale,
+                   const float* col_scale, float* out, int64_t ldo) {
+    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00,
+            s30 = s00, s31 = s00, s40 = s00, s41 = s00, s50 = s00, s51 = s00;
+    const int pairs = k / 2;
+    const int16_t* x = xq;
+    for (int q = 0; q < pairs; q++, x += 2) {
+        const __m128i* wp = reinterpret_cast<const __m128i*>(panel + int64_t(q) * V * 16);
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_load_si128(wp));
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_load_si128(wp + 1));
+        __m256i a = broadcast_after(x, w1);
+        s00 = madd(s00, a, w0);
+        s01 = madd(s01, a, w1);
+        a = broadcast_after(x + k, s01);
+        s10 = madd(s10, a, w0);
+        s11 = madd(s11, a, w1);
+        a = broadcast_after(x + 2 * int64_t(k), s11);
+        s20 = madd(s20, a, w0);
+        s21 = madd(s21, a, w1);
+        a = broadcast_after(x + 3 * int64_t(k), s21);
+        s30 = madd(s30, a, w0);
+        s31 = madd(s31, a, w1);
+        a = broadcast_after(x + 4 * int64_t(k), s31);
+        s40 = madd(s40, a, w0);
+        s41 = madd(s41, a, w1);
+        a = broadcast_after(x + 5 * int64_t(k), s41);
+        s50 = madd(s50, a, w0);
+        s51 = madd(s51, a, w1);
+    }
+    const __m256i sums[MR][V] = {{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}, {s40, s41}, {s50, s51}};
+    store<MR>(sums, row_scale, col_scale, out, ldo);
+}
+
+// Rows [0, m) of a chunk against one panel whose 16 columns start at out's column 0.
+void panel_rows(const int16_t* xq, int k, int m, const int8_t* panel, const float* row_scale,
+                const float* col_scale, float* out, int64_t ldo) {
+    int r = 0;
+    for (; r + MR <= m; r += MR)
+        micro6(xq + int64_t(r) * k, k, panel, row_scale + r, col_scale, out + r * ldo, ldo);
+    xq += int64_t(r) * k;
+    row_scale += r;
+    out += r * ldo;
+    switch (m - r) {
+        case 1: micro<1>(xq, k, panel, row_scale, col_scale, out, ldo); break;
+        case 2: micro<2>(xq, k, panel, row_scale, col_scale, out, ldo); break;
+        case 3: micro<3>(xq, k, panel, row_scale, col_scale, out, ldo); break;
+        case 4: micro<4>(xq, k, panel, row_scale, col_scale, out, ldo); break;
+        case 5: micro<5>(xq, k, panel, row_scale, col_scale, out, ldo); break;
+        default: break;
+    }
+}
+
+// Row x [k] float32 (k % 8 == 0) to int16 (round(x / scale), |.| <= qmax) and its scale
+// max |x| / qmax (0 for a zero row, whose values all become 0).
+inline void quantize_row(const float* x, int k, int qmax, int16_t* q, float* scale) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < k; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, amax);
+    float m = 0.0f;
+    for (float v : lanes) m = v > m ? v : m;
+    *scale = m / float(qmax);
+    const __m256 inv = _mm256_set1_ps(m > 0.0f ? float(qmax) / m : 0.0f);
+    const __m256i lo = _mm256_set1_epi32(-qmax), hi = _mm256_set1_epi32(qmax);
+    for (int i = 0; i < k; i += 16) {
+        // round to nearest even; a product can land one past qmax: clamp
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), inv));
+        a = _mm256_min_epi32(_mm256_max_epi32(a, lo), hi);
+        b = _mm256_min_epi32(_mm256_max_epi32(b, lo), hi);
+        // packs works within 128-bit lanes: restore the order
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), packed);
+    }
+}
+#endif
+
+inline bool packable(int n, int k) { return n > 0 && k > 0 && n % 16 == 0 && k % 16 == 0; }
+
+}  // namespace
+
+extern "C" {
+
+// Whether this build has the kernel (the compiler targeted AVX2).
+int kvt_gemm_avx2_available() {
+#ifdef __AVX2__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// The largest int16 magnitude an input row of k values is rounded to (module comment).
+int kvt_gemm_avx2_qmax(int k) {
+    const int64_t bound = k > 0 ? int64_t(INT_MAX) / (int64_t(127) * k) : 32767;
+    return bound < 32767 ? int(bound) : 32767;
+}
+
+// W [n, k] int8 (row stride k; n % 16 == 0, k % 16 == 0) into ``packed`` (n * k bytes,
+// 16-byte aligned): panel after panel of 16 columns, per pair of inputs two vectors of
+// 8 columns x 2 weights. 1 if the shape cannot be packed, else 0.
+int kvt_gemm_avx2_pack(const int8_t* w, int n, int k, int8_t* packed) {
+    if (!packable(n, k)) return 1;
+    for (int p = 0; p < n / 16; p++)
+        for (int q = 0; q < k / 2; q++)
+            for (int v = 0; v < V; v++)
+                for (int c = 0; c < 8; c++) {
+                    const int64_t col = int64_t(p) * 16 + v * 8 + c;
+                    *packed++ = w[col * k + 2 * q];
+                    *packed++ = w[col * k + 2 * q + 1];
+                }
+    return 0;
+}
+
+// out [m, n] float32 (row stride ldo) from x [m, k] float32 (row stride ldx), each row
+// quantized to int16 with its own scale, times the packed weight's transpose, scaled by
+// ``col_scale`` [n]. ``scratch`` holds m * k int16 and ``row_scale`` m floats. On
+// ``threads`` OpenMP threads. 1 if the build lacks the kernel or the arguments do not
+// fit, else 0.
+int kvt_gemm_avx2(const float* x, int64_t ldx, int m, const int8_t* packed, const float* col_scale,
+                  int n, int k, float* out, int64_t ldo, int16_t* scratch, float* row_scale,
+                  int threads) {
+#ifdef __AVX2__
+    if (!packable(n, k) || m < 0) return 1;
+    const int qmax = kvt_gemm_avx2_qmax(k);
+    const int panels = n / 16;
+    int chunk = int(CHUNK_BYTES / (2 * int64_t(k)));
+    chunk = chunk < MR ? MR : chunk - chunk % MR;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < m; r++) quantize_row(x + r * ldx, k, qmax, scratch + int64_t(r) * k, row_scale + r);
+        for (int c0 = 0; c0 < m; c0 += chunk) {
+            const int rows = m - c0 < chunk ? m - c0 : chunk;
+#pragma omp for schedule(static)
+            for (int p = 0; p < panels; p++)
+                panel_rows(scratch + int64_t(c0) * k, k, rows, packed + int64_t(p) * 16 * k,
+                           row_scale + c0, col_scale + p * 16, out + c0 * ldo + p * 16, ldo);
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)ldx; (void)m; (void)packed; (void)col_scale; (void)n; (void)k; (void)out;
+    (void)ldo; (void)scratch; (void)row_scale; (void)threads;
+    return 1;
+#endif
+}
+
+}  // extern "C"
