@@ -11,7 +11,11 @@ benchmark, not a test):
   by the same int8 layers (:func:`engine.model.int8_linear.quantize_linears`, on the
   native kernel where it builds, as the engine's).
 
-    python -m bench.engine_quant [--requests 16] [--ppl-tokens 1024]
+    python -m bench.engine_quant [--requests 16] [--ppl-tokens 1024] [--dtype float32]
+
+``--dtype``: the unquantized model's (default bfloat16; float32 where the CPU has no
+bfloat16 instructions, e.g. AVX2 only, and the int8 inputs are then rounded to int16 by
+:mod:`engine.kernels.cpu_gemm_avx2`'s kernel).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from bench.engine_throughput import hf_model, make_workload
 from engine.api import GenerationRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.factory import LoadedModel, build_llm_engine, load_model
-from engine.kernels.cpu_gemm import int8_gemm_here
-from engine.model.int8_linear import NativeInt8Linear, quantize_linears
+from engine.kernels.cpu_gemm_avx2 import Avx2Int8Gemm
+from engine.model.int8_linear import NativeInt8Linear, native_int8_kernel, quantize_linears
 
 HELD_IN = Path("/work/shared/data/qqp_pairs_12k.jsonl")
 
@@ -85,32 +89,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--ppl-tokens", type=int, default=1024)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = ap.parse_args()
     work = make_workload(64, (32, 512), (32, 256), seed=0)
     prompts, outs = work.prompts[: args.requests], work.max_tokens[: args.requests]
-    base = dict(dtype="bfloat16", kv_cache_bytes=2 << 30, max_num_seqs=64,
+    base = dict(dtype=args.dtype, kv_cache_bytes=2 << 30, max_num_seqs=64,
                 max_num_batched_tokens=512, max_model_len=2048)  # fmt: skip
-    bf16_cfg = EngineConfig(**base)  # type: ignore[arg-type]
-    int8_cfg = EngineConfig(**base, linear_quant="int8")  # type: ignore[arg-type]
-    bf16 = load_model(bf16_cfg)
-    tokens_bf16 = greedy_tokens(bf16, bf16_cfg, prompts, outs)
+    plain_cfg = EngineConfig(**base)
+    int8_cfg = EngineConfig(**base, linear_quant="int8")
+    plain = load_model(plain_cfg)
+    tokens_plain = greedy_tokens(plain, plain_cfg, prompts, outs)
     tokens_int8 = greedy_tokens(load_model(int8_cfg), int8_cfg, prompts, outs)
-    ids = held_in_ids(bf16, args.ppl_tokens)
-    hf = hf_model(bf16, torch.bfloat16)
-    ppl_bf16 = perplexity(hf, ids)
-    quantize_linears(hf, gemm=int8_gemm_here())  # as the engine quantizes
+    ids = held_in_ids(plain, args.ppl_tokens)
+    hf = hf_model(plain, getattr(torch, args.dtype))
+    ppl_plain = perplexity(hf, ids)
+    kernel = native_int8_kernel()
+    quantize_linears(hf, gemm=kernel)  # as the engine quantizes
     native = any(isinstance(m, NativeInt8Linear) for m in hf.modules())
     ppl_int8 = perplexity(hf, ids)
+    inputs = ("per-row int16 inputs, native AVX2 kernel)" if isinstance(kernel, Avx2Int8Gemm)
+              else "per-row int8 inputs, native VNNI kernel)")  # fmt: skip
+    short = "bf16" if args.dtype == "bfloat16" else args.dtype
     print(json.dumps({
         "cpu": cpu_description(),
         "label": "QUANTIZED: int8 linears (per-channel int8 weights, "
-                 + ("per-row int8 inputs, native VNNI kernel)" if native
-                    else "per-call uint8 inputs, fbgemm)"),
-        "token_agreement_with_bf16": agreement(tokens_bf16, tokens_int8),
+                 + (inputs if native else "per-call uint8 inputs, fbgemm)"),
+        f"token_agreement_with_{short}": agreement(tokens_plain, tokens_int8),
         "perplexity": {"held_in_text": f"{HELD_IN.name}: text_a of the first 400 rows",
-                       "tokens": len(ids), "bf16": round(ppl_bf16, 3),
+                       "tokens": len(ids), short: round(ppl_plain, 3),
                        "int8_linears": round(ppl_int8, 3),
-                       "change": round(ppl_int8 / ppl_bf16 - 1, 4)},
+                       "change": round(ppl_int8 / ppl_plain - 1, 4)},
     }, indent=2))  # fmt: skip
 
 

@@ -30,14 +30,14 @@ from engine.dtype_choice import native_bf16
 from engine.gpu_memory import GpuMemory, kv_cache_budget, measure, reset_peak
 from engine.host_memory import keep_tensor_memory
 from engine.kernels.cpu_fused import fused_kernels_here
-from engine.kernels.cpu_gemm import gemm_here, int8_gemm_here
+from engine.kernels.cpu_gemm import gemm_here
 from engine.kernels.kv_int8 import row_width
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVCacheManager
 from engine.llm_engine import LLMEngine
 from engine.loader.bundled import bundled_model_path
 from engine.model.config import LlamaConfig
-from engine.model.int8_linear import quantize_linears
+from engine.model.int8_linear import native_int8_kernel, quantize_linears
 from engine.model.llama import LlamaForCausalLM, stack_checkpoint
 from engine.model.native_linear import kept_rows_limit, use_native_linears
 from engine.model.packed_linear import PackedLinear, best_packing, pack_linears
@@ -102,7 +102,7 @@ def _build_model(
         _init_tiny(model, seed)
     model = model.to(device=device, dtype=_DTYPES[dtype]).eval()
     if linear_quant == "int8":  # engine.model.int8_linear: the opt-in quantized path
-        quantize_linears(model, gemm=int8_gemm_here() if device == "cpu" else None)
+        quantize_linears(model, gemm=native_int8_kernel() if device == "cpu" else None)
     if device == "cpu" and (packing := best_packing()) is not None:
         # the rest (all, without int8); a bf16 model on a CPU without bf16 instructions
         # multiplies in float32 (engine.model.packed_linear.pack_linears' upcast_bf16)

@@ -60,7 +60,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -194,6 +194,7 @@ class NativeInt8Gemm:
     _pack: Callable[..., int]
     _gemm: Callable[..., int]
     amx: bool = False  # multiplies on the AMX tiles (load_int8_gemm: where it may)
+    input_dtype: ClassVar[torch.dtype] = torch.bfloat16  # what linear takes and gives
 
     def on_vectors(self) -> NativeInt8Gemm:
         """The same library on its AVX512-VNNI dot products, not the AMX tiles (the same
@@ -328,5 +329,6 @@ def gemm_here(cache_dir: Path | None = None) -> NativeGemm | None:
 
 def int8_gemm_here(cache_dir: Path | None = None) -> NativeInt8Gemm | None:
     """The int8 kernel if it builds, loads and has AVX512-VNNI and -BF16 here, else None
-    (int8 linears then run on torch's fbgemm)."""
-    return _here(load_int8_gemm, cache_dir, "native int8 linears unavailable, fbgemm's")
+    (int8 linears then run on :mod:`engine.kernels.cpu_gemm_avx2`'s kernel or torch's
+    fbgemm)."""
+    return _here(load_int8_gemm, cache_dir, "AVX-512 int8 linears unavailable")

@@ -10,7 +10,11 @@ of each row). Two ways to multiply:
   and rounds the dequantized sums to bfloat16. A row's result does not
   depend on the rows beside it; every linear, the MLP's down projection and the LM head
   included, is quantized.
-* :class:`Int8DynamicLinear` (elsewhere): torch's x86 quantized engine (fbgemm), one
+* :class:`NativeInt8Linear` on :mod:`engine.kernels.cpu_gemm_avx2`'s kernel (where the
+  AVX-512 one does not build but AVX2 does): the same weights; each float32 input row
+  rounded to int16 with its own scale, exact int32 sums with ``vpmaddwd``, float32 out.
+* :class:`Int8DynamicLinear` (where neither builds): torch's x86 quantized engine
+  (fbgemm), one
   asymmetric uint8 scale per call and float32 output. Where the CPU has VNNI
   (``avx512_vnni``/``avx_vnni``) the inputs take all 8 bits (``reduce_range=False``,
   exact there); elsewhere 7 (``reduce_range=True``): without VNNI fbgemm sums pairs of
@@ -44,9 +48,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm
+from engine.kernels.cpu_gemm import Int8Weight, NativeInt8Gemm, int8_gemm_here
+from engine.kernels.cpu_gemm_avx2 import Avx2Int8Gemm, Avx2Int8Weight, avx2_int8_gemm_here
 from engine.model.packed_linear import PAIRED, sharing_parameters
 from kvtoll.cpu_info import cpu_flags
+
+# The native int8 kernels a NativeInt8Linear runs on (module docstring).
+Int8Kernel = NativeInt8Gemm | Avx2Int8Gemm
+
+
+def native_int8_kernel() -> Int8Kernel | None:
+    """The native int8 kernel the engine quantizes onto here: AVX512-VNNI where it
+    builds, else AVX2, else None (fbgemm)."""
+    return int8_gemm_here() or avx2_int8_gemm_here()
 
 
 def int8_available() -> bool:
@@ -112,18 +126,19 @@ class Int8DynamicLinear(nn.Linear):
 
 class NativeInt8Linear(nn.Linear):
     """An ``nn.Linear`` (same parameters and state dict; tied weights stay tied) whose
-    forward multiplies on the native AVX512-VNNI kernel
-    (:class:`engine.kernels.cpu_gemm.NativeInt8Gemm`): weights per output channel int8,
-    each input row quantized with its own scale inside the call (so a row's output does
-    not depend on the rows beside it), int32 sums, output rounded to bfloat16 and cast to
+    forward multiplies on a native int8 kernel: AVX512-VNNI
+    (:class:`engine.kernels.cpu_gemm.NativeInt8Gemm`, bfloat16 in and out) or AVX2
+    (:class:`engine.kernels.cpu_gemm_avx2.Avx2Int8Gemm`, float32 in and out). Weights
+    per output channel int8, each input row quantized with its own scale inside the call
+    (so a row's output does not depend on the rows beside it), int32 sums, output cast to
     the input's dtype; a bias is added after."""
 
-    gemm: NativeInt8Gemm
-    quantized: Int8Weight
+    gemm: Int8Kernel
+    quantized: Int8Weight | Avx2Int8Weight
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, gemm: NativeInt8Gemm, paired: bool = False
+        cls, linear: nn.Linear, gemm: Int8Kernel, paired: bool = False
     ) -> NativeInt8Linear:
         """``paired``: the weight stacks a gate and an up projection (gate rows first),
         packed so :meth:`silu_mul` runs fused (where the shape allows; the products are
@@ -141,9 +156,11 @@ class NativeInt8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.dtype != torch.bfloat16 or rows.stride(1) != 1:
-            rows = rows.to(torch.bfloat16).contiguous()
-        out = self.gemm.linear(rows, self.quantized, torch.get_num_threads()).to(x.dtype)
+        if rows.dtype != self.gemm.input_dtype or rows.stride(1) != 1:
+            rows = rows.to(self.gemm.input_dtype).contiguous()
+        # (the weight is the kernel's own: from_linear quantized it on this kernel)
+        out = self.gemm.linear(rows, self.quantized, torch.get_num_threads())  # type: ignore[arg-type]
+        out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
@@ -151,17 +168,18 @@ class NativeInt8Linear(nn.Linear):
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """SiLU(gate) * up of this stacked gate/up layer's product with ``x`` [rows,
         in_features], computed inside the kernel; None where it cannot (not paired, a
-        bias, not bfloat16 rows)."""
+        bias, not rows of the kernel's dtype)."""
         if not self.quantized.paired or self.bias is not None or x.dim() != 2:
             return None
-        if x.dtype != torch.bfloat16:
+        if x.dtype != self.gemm.input_dtype:
             return None
         rows = x if x.stride(1) == 1 else x.contiguous()
         return self.gemm.silu_mul(rows, self.quantized, torch.get_num_threads())
 
     def extra_repr(self) -> str:
         paired = ", gate/up paired" if self.quantized.paired else ""
-        return f"{super().extra_repr()}, int8=native per-row{paired}"
+        inputs = "int16" if isinstance(self.gemm, Avx2Int8Gemm) else "int8"
+        return f"{super().extra_repr()}, int8=native per-row {inputs} inputs{paired}"
 
 
 INT8_LINEARS = (Int8DynamicLinear, NativeInt8Linear)
@@ -172,7 +190,7 @@ KEEP = frozenset({"down_proj"})
 
 
 def quantize_linears(
-    model: nn.Module, keep: frozenset[str] | None = None, gemm: NativeInt8Gemm | None = None
+    model: nn.Module, keep: frozenset[str] | None = None, gemm: Int8Kernel | None = None
 ) -> int:
     """Replace every CPU ``nn.Linear`` in ``model`` (packed ones too; including the LM
     head; the embedding it may be tied to stays as it is) by a :class:`NativeInt8Linear`

@@ -13,9 +13,11 @@ from engine.config import EngineConfig
 from engine.factory import build_llm_engine, load_model
 from engine.kernels.cpu_fused import FusedKernels, silu_mul
 from engine.kernels.cpu_gemm import NativeInt8Gemm, int8_gemm_here
+from engine.kernels.cpu_gemm_avx2 import avx2_int8_gemm_here
 from engine.model.int8_linear import (
     INT8_LINEARS,
     Int8DynamicLinear,
+    Int8Kernel,
     NativeInt8Linear,
     int8_available,
     quantize_linears,
@@ -25,6 +27,13 @@ from engine.model.int8_linear import (
 from kvtoll.cpu_info import cpu_flags
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no x86/fbgemm quantized engine")
+
+
+@pytest.fixture(params=["int8_gemm", "avx2_int8_gemm"])
+def native_int8(request: pytest.FixtureRequest) -> Int8Kernel:
+    """Each native int8 kernel that builds here: AVX512-VNNI, AVX2."""
+    kernel: Int8Kernel = request.getfixturevalue(request.param)
+    return kernel
 
 
 def _linear(in_features: int, out_features: int, bias: bool, seed: int) -> nn.Linear:
@@ -118,9 +127,13 @@ def test_down_projections_keep_their_dtype() -> None:
 def test_engine_generates_on_int8_linears() -> None:
     loaded = load_model(EngineConfig.tiny(linear_quant="int8"))
     assert any(isinstance(m, INT8_LINEARS) for m in loaded.model.modules())
-    # the native per-row path takes the down projections too, fbgemm's per-tensor one not
+    # a native per-row path (AVX-512, else AVX2) takes the down projections too, fbgemm's
+    # per-tensor one not
     down = loaded.model.model.layers[0].mlp.down_proj
-    assert isinstance(down, NativeInt8Linear) == (int8_gemm_here() is not None)
+    native = int8_gemm_here() or avx2_int8_gemm_here()
+    assert isinstance(down, NativeInt8Linear) == (native is not None)
+    if isinstance(down, NativeInt8Linear):
+        assert type(down.gemm) is type(native)
     engine = build_llm_engine(EngineConfig.tiny(linear_quant="int8"), loaded)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     out = engine.generate_sync([GenerationRequest("a", (5, 6, 7, 8), params)])
@@ -139,19 +152,19 @@ def test_unknown_or_gpu_quantization_is_refused() -> None:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_product_is_close_to_the_float_one(
-    int8_gemm: NativeInt8Gemm, rows: int, bias: bool, dtype: torch.dtype
+    native_int8: Int8Kernel, rows: int, bias: bool, dtype: torch.dtype
 ) -> None:
     linear = _linear(576, 384, bias, seed=rows)
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(1)).to(dtype)
     expected = nn.functional.linear(x.float(), linear.weight, linear.bias)
     with torch.inference_mode():
-        got = NativeInt8Linear.from_linear(linear, int8_gemm)(x.view(1, rows, 576))
+        got = NativeInt8Linear.from_linear(linear, native_int8)(x.view(1, rows, 576))
     assert got.dtype == dtype and got.shape == (1, *expected.shape)
     error = (got[0].float() - expected).norm() / expected.norm()
     assert error < 0.02, f"relative error {error:.4f}"
 
 
-def test_native_rows_keep_their_own_scale(int8_gemm: NativeInt8Gemm) -> None:
+def test_native_rows_keep_their_own_scale(native_int8: Int8Kernel) -> None:
     """A row with a far larger range beside small rows: fbgemm's one scale per call
     flattens the small rows; per-row scales keep them (and keep each row's result
     independent of its batch)."""
@@ -160,7 +173,7 @@ def test_native_rows_keep_their_own_scale(int8_gemm: NativeInt8Gemm) -> None:
     x[0] *= 1000.0
     expected = nn.functional.linear(x, linear.weight)
     with torch.inference_mode():
-        native = NativeInt8Linear.from_linear(linear, int8_gemm)
+        native = NativeInt8Linear.from_linear(linear, native_int8)
         got, alone = native(x), native(x[3:4])
         per_tensor = Int8DynamicLinear.from_linear(linear)(x)
     small = slice(1, 8)
@@ -170,21 +183,21 @@ def test_native_rows_keep_their_own_scale(int8_gemm: NativeInt8Gemm) -> None:
     assert torch.equal(alone, got[3:4])
 
 
-def test_native_quantization_takes_every_linear_it_can(int8_gemm: NativeInt8Gemm) -> None:
+def test_native_quantization_takes_every_linear_it_can(native_int8: Int8Kernel) -> None:
     model = load_model(EngineConfig.tiny()).model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    replaced = quantize_linears(model, gemm=int8_gemm)
+    replaced = quantize_linears(model, gemm=native_int8)
     layers = model.model.layers
     names = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
     assert all(isinstance(layer.get_submodule(name), NativeInt8Linear)
                for layer in layers for name in names)  # fmt: skip
     # the byte vocabulary's head (not a multiple of 16 wide) falls back to fbgemm
-    head_native = int8_gemm.supports(model.lm_head.weight)
+    head_native = native_int8.supports(model.lm_head.weight)
     assert isinstance(model.lm_head, NativeInt8Linear if head_native else Int8DynamicLinear)
     assert replaced == 4 * len(layers) + 1
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert quantize_linears(model, gemm=int8_gemm) == 0  # already quantized: nothing to do
+    assert quantize_linears(model, gemm=native_int8) == 0  # already quantized: nothing to do
 
 
 def test_native_gate_up_is_paired_and_fuses_silu(
