@@ -28,8 +28,8 @@
 
 namespace {
 
-constexpr int V = 2;         // 8-column vectors a panel holds (16 columns)
-constexpr int MR = 6;        // rows a micro-kernel keeps: 12 sums + 2 weights + 1 broadcast
+constexpr int V = 2;   // 8-column vectors a panel holds (16 columns)
+constexpr int MR = 6;  // rows a micro-kernel keeps: 12 sums, 2 weights, a broadcast, a temporary
 constexpr int64_t CHUNK_BYTES = 192 * 1024;  // quantized rows a pass over the panels takes
 
 #ifdef __AVX2__
