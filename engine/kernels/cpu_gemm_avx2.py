@@ -49,7 +49,7 @@ class Avx2Int8Weight:
     col_scale: torch.Tensor  # float32 [n]
     out_features: int
     in_features: int
-    paired: bool = False  # never: the kernel has no fused SiLU epilogue
+    paired: bool = False  # a gate and an up projection stacked: silu_mul can run fused
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,9 @@ class Avx2Int8Gemm:
     @staticmethod
     def supports(weight: torch.Tensor, paired: bool = False) -> bool:
         """Whether ``weight`` [n, k] can be quantized and packed: a floating CPU tensor,
-        n and k multiples of 16 (``paired`` asks for a fused SiLU epilogue: none here)."""
+        n and k multiples of 16 (``paired``, gate rows then up rows: the same)."""
         return (
-            not paired
-            and weight.dtype.is_floating_point
+            weight.dtype.is_floating_point
             and weight.device.type == "cpu"
             and weight.dim() == 2
             and weight.shape[0] % 16 == 0
@@ -81,8 +80,9 @@ class Avx2Int8Gemm:
         return int(self._qmax(k))
 
     def quantize(self, weight: torch.Tensor, paired: bool = False) -> Avx2Int8Weight:
-        """``weight`` [n, k] (:meth:`supports`; ``paired`` is ignored: the weight is packed
-        plain) as per-channel int8, packed."""
+        """``weight`` [n, k] (:meth:`supports`) as per-channel int8, packed; ``paired``:
+        a gate and an up projection stacked (gate rows first), packed so that
+        :meth:`silu_mul` can run (:meth:`linear`'s products are the same)."""
         if not self.supports(weight):
             raise ValueError(f"cannot quantize a {weight.dtype} {tuple(weight.shape)} weight on "
                              f"{weight.device}: floating [n, k] on the CPU, n and k multiples "
@@ -94,13 +94,26 @@ class Avx2Int8Gemm:
         raw = torch.empty(n * k + 64, dtype=torch.int8)
         shift = -raw.data_ptr() % 64
         packed = raw[shift : shift + n * k]
-        if self._pack(q.data_ptr(), n, k, packed.data_ptr()):
+        if self._pack(q.data_ptr(), n, k, int(paired), packed.data_ptr()):
             raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
-        return Avx2Int8Weight(packed, scale.contiguous(), n, k)
+        return Avx2Int8Weight(packed, scale.contiguous(), n, k, paired)
 
     def linear(self, x: torch.Tensor, weight: Avx2Int8Weight, threads: int) -> torch.Tensor:
         """``x`` [rows, k] float32 (rows contiguous in k) times the weight's transpose:
         [rows, out_features] float32."""
+        return self._call(x, weight, threads, silu=False)
+
+    def silu_mul(self, x: torch.Tensor, weight: Avx2Int8Weight, threads: int) -> torch.Tensor:
+        """SiLU(gate) * up of the product of ``x`` with a paired weight (gate, then up):
+        [rows, out_features / 2] float32, close to ``F.silu(gate) * up`` of
+        :meth:`linear`'s output (the kernel's exp is within ~2 ulp of torch's)."""
+        if not weight.paired:
+            raise ValueError("silu_mul needs a weight quantized with paired=True")
+        return self._call(x, weight, threads, silu=True)
+
+    def _call(
+        self, x: torch.Tensor, weight: Avx2Int8Weight, threads: int, silu: bool
+    ) -> torch.Tensor:
         if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
             raise ValueError(f"x must be float32 [rows, k] with unit column stride, got "
                              f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
@@ -108,20 +121,17 @@ class Avx2Int8Gemm:
         if k != weight.in_features:
             raise ValueError(f"x has {k} features, the weight {weight.in_features}")
         n = weight.out_features
-        out = torch.empty((rows, n), dtype=torch.float32)
+        width = n // 2 if silu else n
+        out = torch.empty((rows, width), dtype=torch.float32)
         if rows:
             scratch = torch.empty(rows * k, dtype=torch.int16)
             row_scale = torch.empty(rows, dtype=torch.float32)
             if self._gemm(x.data_ptr(), x.stride(0), rows, weight.packed.data_ptr(),
-                          weight.col_scale.data_ptr(), n, k, out.data_ptr(), n,
-                          scratch.data_ptr(), row_scale.data_ptr(), max(1, threads)):  # fmt: skip
+                          weight.col_scale.data_ptr(), n, k, int(weight.paired), int(silu),
+                          out.data_ptr(), width, scratch.data_ptr(), row_scale.data_ptr(),
+                          max(1, threads)):  # fmt: skip
                 raise ValueError(f"the library refused a [{rows}, {k}] x [{n}, {k}] int8 product")
         return out
-
-    def silu_mul(self, x: torch.Tensor, weight: Avx2Int8Weight, threads: int) -> torch.Tensor:
-        """Not built here (no paired weights): the model applies SiLU * up after
-        :meth:`linear`."""
-        raise ValueError("the AVX2 int8 kernel has no fused SiLU epilogue")
 
 
 @functools.cache
@@ -135,11 +145,11 @@ def load_avx2_int8_gemm(cache_dir: Path) -> Avx2Int8Gemm:
         raise RuntimeError("the library was built without AVX2")
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
     pack = lib.kvt_gemm_avx2_pack
-    pack.argtypes, pack.restype = [ptr, i32, i32, ptr], i32  # w, n, k, packed
+    pack.argtypes, pack.restype = [ptr, i32, i32, i32, ptr], i32  # w, n, k, paired, packed
     gemm = lib.kvt_gemm_avx2
-    # x, its row stride, rows, packed, col_scale, n, k, out, its row stride, scratch,
-    # row_scale, threads
-    gemm.argtypes = [ptr, i64, i32, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32]
+    # x, its row stride, rows, packed, col_scale, n, k, paired, silu, out, its row stride,
+    # scratch, row_scale, threads
+    gemm.argtypes = [ptr, i64, i32, ptr, ptr, i32, i32, i32, i32, ptr, i64, ptr, ptr, i32]
     gemm.restype = i32
     qmax = lib.kvt_gemm_avx2_qmax
     qmax.argtypes, qmax.restype = [i32], i32

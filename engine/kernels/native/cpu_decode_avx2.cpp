@@ -30,6 +30,8 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_avx2.h"
+
 namespace {
 
 constexpr int MAX_GROUP = 8;
@@ -47,24 +49,6 @@ inline float hsum(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-// e^x for 8 lanes; 0 below -87.3 (where expf underflows to denormals), x <= 0 here.
-inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 // For each KV head of one token's rows (all KV heads, D apart): its row as V vectors,
@@ -117,7 +101,7 @@ void row(int group, int hkv, const float* q, const T* k, const T* v, const int32
         __m256 sum8 = _mm256_setzero_ps();
         int t = 0;
         for (; t + 8 <= length; t += 8) {
-            __m256 e = exp8(_mm256_sub_ps(load8(r + t), m));
+            __m256 e = kvt_avx2::exp8(_mm256_sub_ps(load8(r + t), m));
             _mm256_storeu_ps(r + t, e);
             sum8 = _mm256_add_ps(sum8, e);
         }
@@ -126,7 +110,7 @@ void row(int group, int hkv, const float* q, const T* k, const T* v, const int32
             alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int j = t; j < length; j++) tail[j - t] = r[j] - mx;
             alignas(32) float te[8];
-            _mm256_store_ps(te, exp8(_mm256_load_ps(tail)));
+            _mm256_store_ps(te, kvt_avx2::exp8(_mm256_load_ps(tail)));
             for (int j = t; j < length; j++) {
                 r[j] = te[j - t];
                 sum += te[j - t];

@@ -1,6 +1,7 @@
 """The AVX2 int8 linear kernel: exact int32 sums of int16 inputs and int8 weights (the
 reference's, bit for bit, up to the overflow bound), every panel and row tail,
-batch- and thread-invariant rows, and clear refusals."""
+batch- and thread-invariant rows, gate/up pairs with SiLU * up from the epilogue, and
+clear refusals."""
 
 from __future__ import annotations
 
@@ -130,7 +131,6 @@ def test_bad_shapes_and_dtypes_are_refused(avx2_int8_gemm: Avx2Int8Gemm) -> None
         avx2_int8_gemm.quantize(w[:40])  # n not a multiple of 16
     with pytest.raises(ValueError, match="cannot quantize"):
         avx2_int8_gemm.quantize(w[:, :40])  # k not a multiple of 16
-    assert not avx2_int8_gemm.supports(w, paired=True)  # no fused SiLU epilogue
     weight = avx2_int8_gemm.quantize(w)
     with pytest.raises(ValueError, match="float32"):
         avx2_int8_gemm.linear(x.to(torch.bfloat16), weight, 2)
@@ -138,5 +138,26 @@ def test_bad_shapes_and_dtypes_are_refused(avx2_int8_gemm: Avx2Int8Gemm) -> None
         avx2_int8_gemm.linear(x.t().contiguous().t(), weight, 2)
     with pytest.raises(ValueError, match="features"):
         avx2_int8_gemm.linear(x[:, :48], weight, 2)
-    with pytest.raises(ValueError, match="SiLU"):
-        avx2_int8_gemm.silu_mul(x, weight, 2)
+    with pytest.raises(ValueError, match="paired=True"):
+        avx2_int8_gemm.silu_mul(x, weight, 2)  # a plain weight has no gate/up halves
+
+
+@pytest.mark.parametrize("m", [1, 5, 6, 13])
+@pytest.mark.parametrize("n", [32, 96, 3072])
+def test_paired_products_and_silu(avx2_int8_gemm: Avx2Int8Gemm, m: int, n: int) -> None:
+    """A gate/up pair packed paired: the same products as packed plain, bit for bit, and
+    SiLU(gate) * up from the epilogue as torch computes it from those products, to
+    float32 rounding (the kernel's exp is not torch's)."""
+    x, w = _case(m, n, 96, seed=n + m)
+    x[0] *= 400.0  # gates far beyond exp's range both ways
+    paired, plain = avx2_int8_gemm.quantize(w, paired=True), avx2_int8_gemm.quantize(w)
+    assert paired.paired and not plain.paired
+    product = avx2_int8_gemm.linear(x, plain, threads=2)
+    assert torch.equal(avx2_int8_gemm.linear(x, paired, threads=2), product)
+    gate, up = product[:, : n // 2], product[:, n // 2 :]
+    assert gate[0].abs().max() > 88.0  # e^-gate would overflow (or underflow) somewhere
+    fused = avx2_int8_gemm.silu_mul(x, paired, threads=2)
+    assert fused.shape == (m, n // 2) and fused.isfinite().all()
+    torch.testing.assert_close(fused, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    alone = avx2_int8_gemm.silu_mul(x[m - 1 :], paired, threads=1)
+    assert torch.equal(alone, fused[m - 1 :])  # batch-invariant

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.factory import build_llm_engine, load_model
 from engine.kernels.cpu_fused import FusedKernels, silu_mul
 from engine.kernels.cpu_gemm import NativeInt8Gemm, int8_gemm_here
-from engine.kernels.cpu_gemm_avx2 import avx2_int8_gemm_here
+from engine.kernels.cpu_gemm_avx2 import Avx2Int8Gemm, avx2_int8_gemm_here
 from engine.model.int8_linear import (
     INT8_LINEARS,
     Int8DynamicLinear,
@@ -214,3 +214,20 @@ def test_native_gate_up_is_paired_and_fuses_silu(
         assert torch.equal(gate_up.silu_mul(x), silu_mul(fused_kernels, gate_up(x)))
         assert down.silu_mul(torch.randn(5, down.in_features).to(torch.bfloat16)) is None
         assert gate_up.silu_mul(x.float()) is None
+
+
+def test_avx2_gate_up_is_paired_and_fuses_silu(avx2_int8_gemm: Avx2Int8Gemm) -> None:
+    model = load_model(EngineConfig.tiny(dtype="float32")).model
+    quantize_linears(model, gemm=avx2_int8_gemm)
+    mlp = model.model.layers[0].mlp
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    assert isinstance(gate_up, NativeInt8Linear) and isinstance(down, NativeInt8Linear)
+    assert gate_up.quantized.paired and not down.quantized.paired
+    x = torch.randn(5, gate_up.in_features)
+    with torch.inference_mode():
+        product = gate_up(x)
+        width = product.shape[1] // 2
+        expected = nn.functional.silu(product[:, :width]) * product[:, width:]
+        torch.testing.assert_close(gate_up.silu_mul(x), expected, rtol=1e-5, atol=1e-6)
+        assert down.silu_mul(torch.randn(5, down.in_features)) is None
+        assert gate_up.silu_mul(x.to(torch.bfloat16)) is None  # the kernel takes float32
