@@ -1,6 +1,7 @@
-"""The Llama decoder's small per-layer ops fused in native AVX-512 code (CPU, float32 and
-bfloat16): residual add + RMSNorm, RoPE + the K/V write into the paged cache, and
-SiLU(gate) * up, each one pass over its rows (``native/cpu_fused.cpp``, built by
+"""The Llama decoder's small per-layer ops fused in native AVX-512 code, or AVX2 code where
+AVX-512 is missing (CPU, float32 and bfloat16): residual add + RMSNorm, RoPE + the K/V
+write into the paged cache, and SiLU(gate) * up, each one pass over its rows
+(``native/cpu_fused.cpp``, ``native/cpu_fused_avx2.cpp``, built by
 :mod:`engine.kernels.native_build`): they round where eager torch rounds and sum and
 exponentiate in torch's own order and algorithm, so they return the eager ops' values
 bit for bit (float32 and bfloat16; the source's header says how).
@@ -69,11 +70,38 @@ def _entries(lib: ctypes.CDLL, name: str, argtypes: list[Any]) -> dict[torch.dty
     return out
 
 
+AVX2_SOURCE = native_build.FUSED_SOURCE.with_name("cpu_fused_avx2.cpp")
+
+
+def _source() -> tuple[Path, frozenset[str]] | str:
+    """The source to build here and the CPU flags it needs: the AVX-512 kernels where they
+    build, else the AVX2 ones; else why neither can."""
+    why_not = native_build.unavailable_reason()
+    if why_not is None:
+        return native_build.FUSED_SOURCE, native_build.REQUIRED_CPU_FLAGS
+    avx2 = native_build.AVX2_CPU_FLAGS
+    if native_build.unavailable_reason(required=avx2) is None:
+        return AVX2_SOURCE, avx2
+    return why_not
+
+
+def unavailable_reason() -> str | None:
+    """None if the fused kernels (AVX-512 or AVX2) can be built here, else why not."""
+    found = _source()
+    return found if isinstance(found, str) else None
+
+
 @functools.cache
 def load_fused_kernels(cache_dir: Path) -> FusedKernels:
-    """Build (first time on a machine, a few seconds) or load the library; memoised per
-    process. RuntimeError or OSError where it cannot be built or loaded here."""
-    path = native_build.build(cache_dir, native_build.FUSED_SOURCE, native_build.FUSED_FLAGS)
+    """Build (first time on a machine, a few seconds) or load the library (the AVX-512
+    kernels where they build, else the AVX2 ones: ``native/cpu_fused_avx2.cpp``, the same
+    entry points and values); memoised per process. RuntimeError or OSError where neither
+    can be built or loaded here."""
+    found = _source()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    source, required = found
+    path = native_build.build(cache_dir, source, native_build.FUSED_FLAGS, required=required)
     lib = ctypes.CDLL(str(path))
     i32, i64, f32, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     # qkv, row stride, rows, heads, kv heads, head_dim, positions, cos, sin, slots, k, v,
@@ -103,7 +131,7 @@ def fused_kernels_here(cache_dir: Path | None = None) -> FusedKernels | None:
     """The kernels if they build and load here (``cache_dir``: default
     :func:`engine.kernels.native_build.default_cache_dir`), else None, with the reason
     logged: the model then runs its eager torch ops."""
-    reason = native_build.unavailable_reason()
+    reason = unavailable_reason()
     if reason is None:
         try:
             return load_fused_kernels(cache_dir or native_build.default_cache_dir())

@@ -31,10 +31,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_avx2.h"
 #include "cpu_simd.h"
 
 namespace {
 
+using kvt_avx2::sum_squares;
 using kvt_simd::exp16;
 using kvt_simd::round_bf16;
 
@@ -55,83 +57,6 @@ inline void store(uint16_t* p, __m512 x, __mmask16 m) {  // x already rounded
 inline void store(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
 
 inline __mmask16 lanes(int n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-
-// ``run(first, count)`` over rows [0, rows): one run each for up to ``threads`` OpenMP
-// threads (rows are independent, so any split gives the same values).
-template <typename Run>
-inline void over_rows(int rows, int threads, Run run) {
-    if (threads <= 1 || rows < 2) {
-        run(0, rows);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        const int n = omp_get_num_threads(), t = omp_get_thread_num();
-        const int a = int(int64_t(rows) * t / n), b = int(int64_t(rows) * (t + 1) / n);
-        if (b > a) run(a, b - a);
-    }
-}
-
-// The float32 sum of squares of a row of n (>= 8) elements in the order of torch's float
-// sum over a contiguous row (aten/src/ATen/native/cpu/SumKernel.cpp: vectorized_inner_sum
-// -> row_sum -> multi_row_sum), whose sum runs its AVX2 code on AVX-512 CPUs too:
-// vectors of 8 in 4 interleaved accumulators with cascade levels, those 4 added, then
-// the scalar tail, then the 8 lanes one by one.
-inline __m256 squares8(const float* p) { __m256 v = _mm256_loadu_ps(p); return _mm256_mul_ps(v, v); }
-inline __m256 squares8(const uint16_t* p) {
-    __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-    return _mm256_mul_ps(v, v);
-}
-inline float widen1(const float* p) { return *p; }
-inline float widen1(const uint16_t* p) {
-    uint32_t bits = uint32_t(*p) << 16;
-    float x;
-    memcpy(&x, &bits, 4);
-    return x;
-}
-
-template <typename T>
-inline float sum_squares(const T* h, int n) {
-    constexpr int L = 8, levels = 4;
-    auto vec = [h](int64_t i) { return squares8(h + L * i); };
-    const int64_t vec_size = n / L, size = vec_size / 4;
-    int64_t ceil_log2 = 0;
-    while ((int64_t(1) << ceil_log2) < size) ceil_log2++;
-    const int64_t power = ceil_log2 / levels > 4 ? ceil_log2 / levels : 4;
-    const int64_t step = int64_t(1) << power, mask = step - 1;
-    __m256 acc[levels][4];
-    for (int j = 0; j < levels; j++)
-        for (int k = 0; k < 4; k++) acc[j][k] = _mm256_setzero_ps();
-    int64_t i = 0;
-    while (i + step <= size) {
-        for (int64_t j = 0; j < step; j++, i++)
-            for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], vec(4 * i + k));
-        for (int j = 1; j < levels; j++) {
-            for (int k = 0; k < 4; k++) {
-                acc[j][k] = _mm256_add_ps(acc[j][k], acc[j - 1][k]);
-                acc[j - 1][k] = _mm256_setzero_ps();
-            }
-            if ((i & (mask << (j * power))) != 0) break;
-        }
-    }
-    for (; i < size; i++)
-        for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], vec(4 * i + k));
-    for (int j = 1; j < levels; j++)
-        for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], acc[j][k]);
-    __m256 partial = acc[0][0];
-    for (int64_t v = size * 4; v < vec_size; v++) partial = _mm256_add_ps(partial, vec(v));
-    for (int k = 1; k < 4; k++) partial = _mm256_add_ps(partial, acc[0][k]);
-    float total = 0.0f;
-    for (int64_t k = vec_size * L; k < n; k++) {
-        const float x = widen1(h + k);
-        total += x * x;
-    }
-    alignas(32) float lane[L];
-    _mm256_store_ps(lane, partial);
-    for (int k = 0; k < L; k++) total += lane[k];
-    return total;
-}
 
 template <typename T>
 void add_rmsnorm(const T* x, int64_t x_stride, T* res, int64_t res_stride, const T* weight,
@@ -182,45 +107,7 @@ inline void copy_head(const T* src, int d, T* dst) {
     }
 }
 
-// Rows of qkv ([q heads | k heads | v heads] of head_dim each): each row's q heads
-// rotated in place, then write_kv(its k heads (its v heads follow), cos, sin, slot)
-// puts its K and V into the caches (rope_kv, rope_kv_int8).
-template <typename T, typename WriteKV>
-void rope_rows(T* qkv, int64_t row_stride, int rows, int num_heads, int head_dim,
-               const int64_t* positions, const T* cos_table, const T* sin_table,
-               const int64_t* slots, WriteKV write_kv) {
-    for (int r = 0; r < rows; r++) {
-        T* row = qkv + r * row_stride;
-        const T* cos = cos_table + positions[r] * head_dim;
-        const T* sin = sin_table + positions[r] * head_dim;
-        for (int h = 0; h < num_heads; h++)
-            rotate_head(row + h * head_dim, cos, sin, head_dim, row + h * head_dim);
-        write_kv(row + int64_t(num_heads) * head_dim, cos, sin, slots[r]);
-    }
-}
-
-// Float caches: k rotated into k_cache at the row's slot, v copied into v_cache there.
-template <typename T>
-void rope_kv(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_heads,
-             int head_dim, const int64_t* positions, const T* cos_table, const T* sin_table,
-             const int64_t* slots, T* k_cache, T* v_cache) {
-    const int64_t slot_elems = int64_t(num_kv_heads) * head_dim;
-    rope_rows(qkv, row_stride, rows, num_heads, head_dim, positions, cos_table, sin_table, slots,
-              [&](const T* k_src, const T* cos, const T* sin, int64_t slot) {
-                  T* k_dst = k_cache + slot * slot_elems;
-                  for (int h = 0; h < num_kv_heads; h++)
-                      rotate_head(k_src + h * head_dim, cos, sin, head_dim, k_dst + h * head_dim);
-                  copy_head(k_src + slot_elems, int(slot_elems), v_cache + slot * slot_elems);
-              });
-}
-
-// An int8 KV cache row of one head: d int8 values, then the float32 scale (x = q * scale)
-// in the next 4 bytes. Symmetric per (token, head): scale = max|x| / 127 and
-// q = round-half-even(x * (127 / max|x|)); the torch reference,
-// engine.kernels.kv_int8.quantize_rows, computes the same float32 operations.
-constexpr int INT8_SCALE_BYTES = 4;
-constexpr int MAX_HEAD_DIM = 256;
-
+// One head's int8 cache row (cpu_fused_rows.h: layout and rounding).
 inline void quantize_head(const float* x, int d, int8_t* dst) {
     __m512 most = _mm512_setzero_ps();
     for (int i = 0; i < d; i += 16)
@@ -244,30 +131,7 @@ inline void widen_head(const T* src, int d, float* dst) {
     }
 }
 
-// rope_kv for int8 caches: q rotated in place; k rotated (rounded to T, as the model's
-// own K) and v, quantized per head into the caches' rows of head_dim + 4 bytes.
-template <typename T>
-void rope_kv_int8(T* qkv, int64_t row_stride, int rows, int num_heads, int num_kv_heads,
-                  int head_dim, const int64_t* positions, const T* cos_table, const T* sin_table,
-                  const int64_t* slots, int8_t* k_cache, int8_t* v_cache) {
-    const int64_t head_row = head_dim + INT8_SCALE_BYTES;
-    const int64_t slot_bytes = int64_t(num_kv_heads) * head_row;
-    alignas(64) T rotated[MAX_HEAD_DIM];
-    alignas(64) float wide[MAX_HEAD_DIM];
-    rope_rows(qkv, row_stride, rows, num_heads, head_dim, positions, cos_table, sin_table, slots,
-              [&](const T* k_src, const T* cos, const T* sin, int64_t slot) {
-                  int8_t* k_dst = k_cache + slot * slot_bytes;
-                  int8_t* v_dst = v_cache + slot * slot_bytes;
-                  const T* v_src = k_src + int64_t(num_kv_heads) * head_dim;
-                  for (int h = 0; h < num_kv_heads; h++) {
-                      rotate_head(k_src + h * head_dim, cos, sin, head_dim, rotated);
-                      widen_head(rotated, head_dim, wide);
-                      quantize_head(wide, head_dim, k_dst + h * head_row);
-                      widen_head(v_src + h * head_dim, head_dim, wide);
-                      quantize_head(wide, head_dim, v_dst + h * head_row);
-                  }
-              });
-}
+#include "cpu_fused_rows.h"  // rope_rows, rope_kv, rope_kv_int8 over the helpers above
 
 // torch's SiLU runs its vector code over each contiguous run of elements in steps of two
 // vectors (32 float32 or 64 bfloat16 lanes) and its scalar code (std::exp) on the rest.
@@ -340,61 +204,4 @@ void argmax_rows(const float* x, int64_t stride, int rows, int width, int64_t* o
 
 }  // namespace
 
-extern "C" {
-
-// Each entry point: 0, or 1 where it refuses its arguments; ``threads``: OpenMP threads to
-// split the rows over (over_rows). x may be null (no residual add: the first layer's
-// input norm).
-#define KVT_NORM(suffix, T)                                                                  \
-    int kvt_add_rmsnorm_##suffix(const T* x, int64_t xs, T* res, int64_t rs, const T* w,   \
-                                 T* out, int64_t os, int rows, int width, float eps,        \
-                                 int threads) {                                             \
-        if (width < 8) return 1;                                                            \
-        over_rows(rows, threads, [&](int a, int n) {                                        \
-            add_rmsnorm(x ? x + a * xs : x, xs, res + a * rs, rs, w, out + a * os, os, n,   \
-                        width, eps);                                                        \
-        });                                                                                 \
-        return 0;                                                                           \
-    }
-KVT_NORM(f32, float)
-KVT_NORM(bf16, uint16_t)
-#undef KVT_NORM
-
-#define KVT_ROPE(name, suffix, T, C, max_d)                                                  \
-    int kvt_##name##_##suffix(T* qkv, int64_t stride, int rows, int heads, int kv_heads,    \
-                              int d, const int64_t* pos, const T* cos, const T* sin,        \
-                              const int64_t* slots, C* k_cache, C* v_cache, int threads) {  \
-        if (d % 2 != 0 || d > max_d) return 1;                                              \
-        over_rows(rows, threads, [&](int a, int n) {                                        \
-            name(qkv + a * stride, stride, n, heads, kv_heads, d, pos + a, cos, sin,        \
-                 slots + a, k_cache, v_cache);                                              \
-        });                                                                                 \
-        return 0;                                                                           \
-    }
-KVT_ROPE(rope_kv, f32, float, float, 1 << 30)
-KVT_ROPE(rope_kv, bf16, uint16_t, uint16_t, 1 << 30)
-KVT_ROPE(rope_kv_int8, f32, float, int8_t, MAX_HEAD_DIM)
-KVT_ROPE(rope_kv_int8, bf16, uint16_t, int8_t, MAX_HEAD_DIM)
-#undef KVT_ROPE
-
-#define KVT_SILU(suffix, T)                                                                  \
-    int kvt_silu_mul_##suffix(const T* gu, int64_t is, T* out, int64_t os, int rows,        \
-                              int width, int threads) {                                     \
-        over_rows(rows, threads, [&](int a, int n) {                                        \
-            silu_mul(gu + a * is, is, out + a * os, os, n, width);                          \
-        });                                                                                 \
-        return 0;                                                                           \
-    }
-KVT_SILU(f32, float)
-KVT_SILU(bf16, uint16_t)
-#undef KVT_SILU
-
-// float32 rows only (the LM head's logits); ``out``: int64 indices.
-int kvt_argmax_rows(const float* x, int64_t stride, int rows, int width, int64_t* out,
-                    int threads) {
-    if (width < 1) return 1;
-    over_rows(rows, threads, [&](int a, int n) { argmax_rows(x + a * stride, stride, n, width, out + a); });
-    return 0;
-}
-
-}  // extern "C"
+#include "cpu_fused_api.h"  // the entry points

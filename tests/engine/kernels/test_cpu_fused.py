@@ -23,12 +23,13 @@ from engine.kernels.cpu_fused import (
     row_threads,
     silu_mul,
 )
+from engine.kernels.cpu_fused import unavailable_reason as cpu_fused_unavailable
 from engine.kernels.kv_int8 import dequantize_rows, quantize_rows, row_width
 from engine.model.config import LlamaConfig
 from engine.model.llama import RMSNorm
 from engine.model.rope import RotaryEmbedding, rotate
 
-WHY_NOT = native_build.unavailable_reason()
+WHY_NOT = cpu_fused_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
 DTYPES = [torch.float32, torch.bfloat16]
 ROWS = [1, 7, PARALLEL_ROWS + 37]  # one, a few, and enough to split over the threads

@@ -13,9 +13,10 @@ from engine.config import EngineConfig
 from engine.factory import load_model
 from engine.kernels import native_build
 from engine.kernels.cpu_fused import load_fused_kernels
+from engine.kernels.cpu_fused import unavailable_reason as cpu_fused_unavailable
 from engine.runner import ModelRunner, RunnerSeq
 
-WHY_NOT = native_build.unavailable_reason()
+WHY_NOT = cpu_fused_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
 
 # (token ids, start, block ids): a prompt, a chunk after 8 cached tokens, two decodes.
