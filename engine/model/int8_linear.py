@@ -1,7 +1,7 @@
 """Int8 linear layers for the CPU (the opt-in quantized path, ``linear_quant="int8"``).
 
 Weights are quantized once, per output channel and symmetric (``scale = max |w| / 127``
-of each row). Two ways to multiply:
+of each row). Three ways to multiply:
 
 * :class:`NativeInt8Linear` (where :mod:`engine.kernels.cpu_gemm`'s int8 kernel builds:
   AVX512-VNNI and -BF16): each call quantizes every input row with its own scale

@@ -191,7 +191,7 @@ void panel_rows(const int16_t* xq, int k, int m, const Panel& pn, int r0, const 
     }
 }
 
-// Row x [k] float32 (k % 8 == 0) to int16 (round(x / scale), |.| <= qmax) and its scale
+// Row x [k] float32 (k % 16 == 0) to int16 (round(x / scale), |.| <= qmax) and its scale
 // max |x| / qmax (0 for a zero row, whose values all become 0).
 inline void quantize_row(const float* x, int k, int qmax, int16_t* q, float* scale) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
