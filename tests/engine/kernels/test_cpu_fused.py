@@ -1,7 +1,7 @@
 """The fused native small ops (residual add + RMSNorm, RoPE + K/V write, SiLU * up) vs
 the eager torch code they replace: equal bit for bit, float32 and bfloat16 (they sum
 and exponentiate in torch's own order and algorithm); and their refusals. Skipped
-where the native kernels cannot be built (no AVX-512 or no C++ compiler: the model then
+where neither native build (AVX-512, AVX2) can be made (or no C++ compiler: the model then
 runs the eager ops)."""
 
 from __future__ import annotations
