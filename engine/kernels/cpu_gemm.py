@@ -77,10 +77,22 @@ def _check_rows(x: torch.Tensor) -> None:
                          f"{x.dtype} {tuple(x.shape)} strides {x.stride()}")  # fmt: skip
 
 
-def _aligned_int32(size: int) -> torch.Tensor:
-    raw = torch.empty(size + 16, dtype=torch.int32)  # room to align to 64 bytes
-    shift = (-raw.data_ptr() % 64) // 4
+def aligned_empty(size: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """An uninitialised 1-D tensor of ``size`` elements whose data starts on 64 bytes."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.empty(size + 64 // item, dtype=dtype)  # room to align to 64 bytes
+    shift = (-raw.data_ptr() % 64) // item
     return raw[shift : shift + size]
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` [n, k] as int8 per output channel, symmetric: (q int8 [n, k] contiguous,
+    scale float32 [n] with ``scale = max |w| / 127`` of each row), the native int8
+    kernels' weights (this module's and :mod:`engine.kernels.cpu_gemm_avx2`'s)."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+    return q, scale.contiguous()
 
 
 def _shape_ok(weight: torch.Tensor, k_multiple: int, paired: bool) -> bool:
@@ -129,7 +141,7 @@ class NativeGemm:
                              f"{128 if paired else 16} == 0, k even")  # fmt: skip
         n, k = weight.shape
         w = weight.detach().contiguous()
-        packed = _aligned_int32(int(self._packed_size(n, k)))
+        packed = aligned_empty(int(self._packed_size(n, k)))
         if self._pack(w.data_ptr(), n, k, int(paired), packed.data_ptr()):
             raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
         return packed
@@ -215,14 +227,12 @@ class NativeInt8Gemm:
                              f"{weight.device}: floating [n, k] on the CPU, n a multiple of "
                              f"{128 if paired else 16}, k of 16")  # fmt: skip
         n, k = weight.shape
-        w = weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-        packed = _aligned_int32(n * k // 4)
+        q, scale = quantize_per_channel(weight)
+        packed = aligned_empty(n * k // 4)
         comp = torch.empty(n, dtype=torch.int32)
         if self._pack(q.data_ptr(), n, k, int(paired), packed.data_ptr(), comp.data_ptr()):
             raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
-        return Int8Weight(packed, scale.contiguous(), comp, n, k, paired)
+        return Int8Weight(packed, scale, comp, n, k, paired)
 
     def linear(self, x: torch.Tensor, weight: Int8Weight, threads: int) -> torch.Tensor:
         """``x`` [rows, k] bfloat16 (rows contiguous in k) times the weight's transpose:
@@ -308,10 +318,15 @@ def load_int8_gemm(cache_dir: Path) -> NativeInt8Gemm:
     return NativeInt8Gemm(path, pack, gemm, bool(lib.kvt_gemm_i8_amx_available()))
 
 
-def _here(load: Callable[[Path], _Kernel], cache_dir: Path | None, what: str) -> _Kernel | None:
-    """``load`` 's kernel if it builds and loads here, else None (why: logged at info,
-    with ``what`` runs instead)."""
-    reason = native_build.unavailable_reason()
+def kernel_here(
+    load: Callable[[Path], _Kernel],
+    cache_dir: Path | None,
+    what: str,
+    required: frozenset[str] = native_build.REQUIRED_CPU_FLAGS,
+) -> _Kernel | None:
+    """``load`` 's kernel if it builds and loads here (``required``: the CPU flags its
+    source needs), else None (why: logged at info, with ``what`` runs instead)."""
+    reason = native_build.unavailable_reason(required=required)
     if reason is None:
         try:
             return load(cache_dir or native_build.default_cache_dir())
@@ -324,11 +339,11 @@ def _here(load: Callable[[Path], _Kernel], cache_dir: Path | None, what: str) ->
 def gemm_here(cache_dir: Path | None = None) -> NativeGemm | None:
     """The bfloat16 kernel if it builds, loads and has AVX512-BF16 here, else None
     (bfloat16 linears then stay on oneDNN)."""
-    return _here(load_gemm, cache_dir, "native bfloat16 linears unavailable, oneDNN's")
+    return kernel_here(load_gemm, cache_dir, "native bfloat16 linears unavailable, oneDNN's")
 
 
 def int8_gemm_here(cache_dir: Path | None = None) -> NativeInt8Gemm | None:
     """The int8 kernel if it builds, loads and has AVX512-VNNI and -BF16 here, else None
     (int8 linears then run on :mod:`engine.kernels.cpu_gemm_avx2`'s kernel or torch's
     fbgemm)."""
-    return _here(load_int8_gemm, cache_dir, "AVX-512 int8 linears unavailable")
+    return kernel_here(load_int8_gemm, cache_dir, "AVX-512 int8 linears unavailable")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +33,8 @@ from typing import ClassVar
 import torch
 
 from engine.kernels import native_build
+from engine.kernels.cpu_gemm import aligned_empty, kernel_here, quantize_per_channel
 
-log = logging.getLogger(__name__)
 SOURCE = native_build.SOURCE.with_name("cpu_gemm_avx2.cpp")
 FLAGS = ("-fopenmp",)
 
@@ -88,15 +87,11 @@ class Avx2Int8Gemm:
                              f"{weight.device}: floating [n, k] on the CPU, n and k multiples "
                              "of 16")  # fmt: skip
         n, k = weight.shape
-        w = weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-        raw = torch.empty(n * k + 64, dtype=torch.int8)
-        shift = -raw.data_ptr() % 64
-        packed = raw[shift : shift + n * k]
+        q, scale = quantize_per_channel(weight)
+        packed = aligned_empty(n * k, torch.int8)
         if self._pack(q.data_ptr(), n, k, int(paired), packed.data_ptr()):
             raise ValueError(f"the library refused to pack a {tuple(weight.shape)} weight")
-        return Avx2Int8Weight(packed, scale.contiguous(), n, k, paired)
+        return Avx2Int8Weight(packed, scale, n, k, paired)
 
     def linear(self, x: torch.Tensor, weight: Avx2Int8Weight, threads: int) -> torch.Tensor:
         """``x`` [rows, k] float32 (rows contiguous in k) times the weight's transpose:
@@ -159,11 +154,5 @@ def load_avx2_int8_gemm(cache_dir: Path) -> Avx2Int8Gemm:
 def avx2_int8_gemm_here(cache_dir: Path | None = None) -> Avx2Int8Gemm | None:
     """The kernel if it builds and loads here (AVX2 and FMA, a compiler), else None (why:
     logged at info; int8 linears then run on torch's fbgemm)."""
-    reason = native_build.unavailable_reason(required=native_build.AVX2_CPU_FLAGS)
-    if reason is None:
-        try:
-            return load_avx2_int8_gemm(cache_dir or native_build.default_cache_dir())
-        except (RuntimeError, OSError) as exc:
-            reason = str(exc)
-    log.info("AVX2 int8 linears unavailable, fbgemm's (%s)", reason)
-    return None
+    return kernel_here(load_avx2_int8_gemm, cache_dir, "AVX2 int8 linears unavailable, fbgemm's",
+                       required=native_build.AVX2_CPU_FLAGS)  # fmt: skip
